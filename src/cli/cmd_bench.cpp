@@ -1,0 +1,179 @@
+// `tandem bench model`: prompt processing, generation and batched decode
+// speed of one model, with a memory-bandwidth roofline for decode.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/loaded_model.h"
+#include "gguf/gguf.h"
+#include "kernels/isa.h"
+#include "kernels/memory_bandwidth.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct BenchArgs {
+  std::string model_path;
+  int threads = 0;
+  int repeats = 3;
+  int n_prompt = 512;
+  int n_gen = 128;
+  std::vector<int> batches = {8, 32, 64};
+  int batched_steps = 32;
+  int batched_prompt = 16;
+  std::string kv_dtype = "f16";
+  bool json = false;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Deterministic token ids in [0, n_vocab) (the content does not matter for speed).
+std::vector<int32_t> bench_tokens(int64_t n, int64_t n_vocab, uint64_t salt) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t s = 0x2545f4914f6cdd1dull ^ salt;
+  for (auto& v : t) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    v = static_cast<int32_t>(s % static_cast<uint64_t>(n_vocab));
+  }
+  return t;
+}
+
+struct BenchResult {
+  double pp_tps = 0, tg_tps = 0, bandwidth_bps = 0;
+  std::vector<std::pair<int, double>> batched_tps;
+};
+
+void run_bench_model(const BenchArgs& a) {
+  LoadedModel lm = load_model(a.model_path, a.json);
+  Model& model = *lm.model;
+  const ModelConfig& c = model.config();
+  ThreadPool pool(a.threads);
+  const int block_size = 16;
+  const int max_batch = a.batches.empty() ? 1 : *std::max_element(a.batches.begin(), a.batches.end());
+  const int64_t ctx = std::max<int64_t>({a.n_prompt, a.n_gen, a.batched_prompt + a.batched_steps});
+  const int64_t blocks_per_seq = (ctx + block_size - 1) / block_size;
+  const int64_t n_blocks = blocks_per_seq * std::max(max_batch, 1);
+  KvPool kv(model.kv_shape(n_blocks, block_size, kernels::parse_dtype(a.kv_dtype)));
+  SimpleBlockAllocator alloc(n_blocks);
+  std::vector<std::vector<int32_t>> tables;
+  for (int i = 0; i < std::max(max_batch, 1); ++i) tables.push_back(alloc.allocate(blocks_per_seq));
+
+  BenchResult r;
+  auto progress = [&](const char* what) {
+    if (!a.json) std::fprintf(stderr, "bench: %s...\n", what);
+  };
+
+  progress("prompt processing");
+  std::vector<double> runs;
+  const std::vector<int32_t> prompt = bench_tokens(a.n_prompt, c.n_vocab, 1);
+  for (int rep = 0; rep < a.repeats; ++rep) {
+    Batch b;
+    b.add_sequence(prompt, 0, tables[0], true);
+    Stopwatch sw;
+    model.forward(b, kv, pool);
+    runs.push_back(a.n_prompt / sw.elapsed_s());
+  }
+  r.pp_tps = median(runs);
+
+  progress("generation");
+  runs.clear();
+  const std::vector<int32_t> gen = bench_tokens(a.n_gen, c.n_vocab, 2);
+  std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+  for (int rep = 0; rep < a.repeats; ++rep) {
+    Stopwatch sw;
+    for (int i = 0; i < a.n_gen; ++i) {
+      Batch b;
+      b.add_sequence(std::span<const int32_t>(gen).subspan(static_cast<size_t>(i), 1), i, tables[0], true);
+      model.forward(b, kv, pool, logits.data());
+    }
+    runs.push_back(a.n_gen / sw.elapsed_s());
+  }
+  r.tg_tps = median(runs);
+
+  for (int n_seq : a.batches) {
+    progress(("batched decode x" + std::to_string(n_seq)).c_str());
+    runs.clear();
+    std::vector<float> blogits(static_cast<size_t>(n_seq) * static_cast<size_t>(c.n_vocab));
+    for (int rep = 0; rep < a.repeats; ++rep) {
+      Batch pre;
+      for (int s = 0; s < n_seq; ++s)
+        pre.add_sequence(bench_tokens(a.batched_prompt, c.n_vocab, 100 + static_cast<uint64_t>(s)), 0,
+                         tables[static_cast<size_t>(s)], true);
+      model.forward(pre, kv, pool, blogits.data());
+      Stopwatch sw;
+      for (int step = 0; step < a.batched_steps; ++step) {
+        Batch b;
+        for (int s = 0; s < n_seq; ++s) {
+          const int32_t tok[] = {static_cast<int32_t>((step * 31 + s * 7) % c.n_vocab)};
+          b.add_sequence(tok, a.batched_prompt + step, tables[static_cast<size_t>(s)], true);
+        }
+        model.forward(b, kv, pool, blogits.data());
+      }
+      runs.push_back(static_cast<double>(n_seq) * a.batched_steps / sw.elapsed_s());
+    }
+    r.batched_tps.emplace_back(n_seq, median(runs));
+  }
+
+  progress("memory bandwidth");
+  r.bandwidth_bps = kernels::measure_read_bandwidth(pool);
+  const double bytes_per_token = static_cast<double>(model.weight_bytes_per_step());
+  const double roofline_tps = r.bandwidth_bps / bytes_per_token;
+
+  const std::string dtype = kernels::dtype_name(model.weight_dtype());
+  if (a.json) {
+    std::printf("{\"model\": \"%s\", \"arch\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"isa\": \"%s\", ",
+                a.model_path.c_str(), c.arch.c_str(), dtype.c_str(), pool.size(),
+                kernels::isa_name(kernels::active_isa()).c_str());
+    std::printf("\"pp%d_tps\": %.2f, \"tg%d_tps\": %.2f, \"batched_decode_tps\": {", a.n_prompt, r.pp_tps, a.n_gen,
+                r.tg_tps);
+    for (size_t i = 0; i < r.batched_tps.size(); ++i)
+      std::printf("%s\"%d\": %.2f", i ? ", " : "", r.batched_tps[i].first, r.batched_tps[i].second);
+    std::printf("}, \"weight_bytes_per_token\": %.0f, \"memory_bandwidth_gbps\": %.2f, \"roofline_tg_tps\": %.2f, "
+                "\"roofline_ratio\": %.3f}\n",
+                bytes_per_token, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps / roofline_tps);
+    return;
+  }
+  std::printf("model: %s (%s, %s, %lld layers, hidden %lld), %d threads, isa %s\n", a.model_path.c_str(),
+              c.arch.c_str(), dtype.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
+              pool.size(), kernels::isa_name(kernels::active_isa()).c_str());
+  std::printf("%-28s %12s\n", "test", "tokens/s");
+  std::printf("%-28s %12.2f\n", ("pp" + std::to_string(a.n_prompt) + " (batch 1)").c_str(), r.pp_tps);
+  std::printf("%-28s %12.2f\n", ("tg" + std::to_string(a.n_gen) + " (batch 1)").c_str(), r.tg_tps);
+  for (const auto& [n, tps] : r.batched_tps)
+    std::printf("%-28s %12.2f\n", ("batched decode x" + std::to_string(n)).c_str(), tps);
+  std::printf("roofline: %.1f MB of weights per decode step / %.2f GB/s measured read bandwidth = %.1f tokens/s "
+              "possible; achieved %.1f = %.0f%%\n",
+              bytes_per_token / 1e6, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps, 100.0 * r.tg_tps / roofline_tps);
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = bench->add_subcommand("model", "Prompt, generation and batched-decode speed of a model");
+  cmd->add_option("-m,--model", a->model_path, "GGUF model file")->required();
+  cmd->add_option("-t,--threads", a->threads, "Threads (0 = one per core)")->check(CLI::Range(0, 1024));
+  cmd->add_option("-r,--repeats", a->repeats, "Runs per test (the median is reported)")->check(CLI::Range(1, 100));
+  cmd->add_option("-p,--n-prompt", a->n_prompt, "Prompt tokens")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("-n,--n-gen", a->n_gen, "Generated tokens")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--batches", a->batches, "Sequence counts for batched decode")->delimiter(',');
+  cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache type")->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  cmd->add_flag("--json", a->json, "Print the figures as one JSON object");
+  cmd->callback([a] { run_bench_model(*a); });
+}
+
+}  // namespace tandem::cli

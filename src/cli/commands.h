@@ -1,0 +1,13 @@
+// Subcommands of the `tandem` binary. Each registers its options on the
+// parser and returns the callback that runs it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tandem::cli {
+
+void add_make_model(CLI::App& app);
+void add_generate(CLI::App& app);
+void add_bench(CLI::App& app);
+
+}  // namespace tandem::cli

@@ -1,0 +1,23 @@
+// Opening a GGUF model for the CLI commands: the file, the model, its
+// tokenizer, and how long loading took.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tandem::cli {
+
+struct LoadedModel {
+  std::shared_ptr<const gguf::File> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  double load_seconds = 0;
+};
+
+// Shows a progress line on stderr for files over 100 MB.
+LoadedModel load_model(const std::string& path, bool quiet = false);
+
+}  // namespace tandem::cli

@@ -1,0 +1,80 @@
+#include "kernels/isa.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
+#include "kernels/isa_kernels.h"
+#include "util/error.h"
+
+namespace tandem::kernels {
+
+std::string isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case Isa::kAvx512:
+      return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
+}
+
+Isa best_supported_isa() {
+  if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
+  if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+namespace {
+
+Isa initial_isa() {
+  const char* env = std::getenv("TANDEM_ISA");
+  if (env == nullptr || *env == '\0') return best_supported_isa();
+  std::string_view want(env);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (want == isa_name(isa)) {
+      if (!isa_supported(isa)) throw Error("TANDEM_ISA=" + std::string(want) + ": this CPU cannot run it");
+      return isa;
+    }
+  }
+  throw Error("TANDEM_ISA=" + std::string(want) + " is not one of scalar, avx2, avx512");
+}
+
+std::atomic<int>& active_slot() {
+  static std::atomic<int> slot{static_cast<int>(initial_isa())};
+  return slot;
+}
+
+}  // namespace
+
+Isa active_isa() { return static_cast<Isa>(active_slot().load(std::memory_order_relaxed)); }
+
+void set_active_isa(Isa isa) {
+  if (!isa_supported(isa)) throw Error("instruction set " + isa_name(isa) + " is not supported by this CPU");
+  active_slot().store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+const IsaKernels& active_kernels() {
+  switch (active_isa()) {
+    case Isa::kAvx512: return kAvx512Kernels;
+    case Isa::kAvx2: return kAvx2Kernels;
+    case Isa::kScalar: break;
+  }
+  return kScalarKernels;
+}
+
+}  // namespace tandem::kernels

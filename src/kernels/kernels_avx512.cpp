@@ -1,0 +1,176 @@
+// AVX-512 kernels (F/BW/VL/DQ, VNNI). Compiled only into this file; selected at
+// run time when the CPU has them.
+//
+// Reduction order, fixed for every output element whatever the tile shape:
+// one 16-lane accumulator, lane j sums k = j, j+16, j+32, ... in increasing k
+// (the tail handled by a masked step), then _mm512_reduce_add_ps. Tiles of
+// several rows and tokens only interleave independent accumulators, so a
+// token's result never depends on what else is in the batch.
+#include <immintrin.h>
+
+#include "kernels/gemm_driver.h"
+#include "kernels/isa_kernels.h"
+
+namespace tandem::kernels {
+namespace {
+
+struct LoadF32 {
+  static __m512 load(const uint8_t* row, int64_t k) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  }
+  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + k);
+  }
+};
+
+struct LoadF16 {
+  static __m512 load(const uint8_t* row, int64_t k) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
+  }
+  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * k));
+  }
+};
+
+struct LoadBF16 {
+  static __m512 widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static __m512 load(const uint8_t* row, int64_t k) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
+  }
+  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
+    return widen(_mm256_maskz_loadu_epi16(m, row + 2 * k));
+  }
+};
+
+template <typename L, int R, int T>
+inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const uint8_t* w[R];
+  for (int r = 0; r < R; ++r) w[r] = a.w + static_cast<size_t>(r0 + r) * a.w_row_bytes;
+  const float* x[T];
+  for (int t = 0; t < T; ++t) x[t] = a.x + (t0 + t) * a.ldx;
+  const int64_t k16 = a.k & ~int64_t{15};
+  for (int64_t k = 0; k < k16; k += 16) {
+    __m512 xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x[t] + k);
+    for (int r = 0; r < R; ++r) {
+      __m512 wv = L::load(w[r], k);
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+  if (k16 < a.k) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (a.k - k16)) - 1u);
+    __m512 xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = _mm512_maskz_loadu_ps(m, x[t] + k16);
+    for (int r = 0; r < R; ++r) {
+      __m512 wv = L::load_tail(w[r], k16, m);
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+// Q8_0: per block an exact int32 dot product in 8 lanes (4 products each),
+// converted to float and accumulated lane-wise with the block's scale, then a
+// fixed horizontal sum.
+inline __m256i dot_block_i32(const int8_t* wq, const int8_t* xq) {
+  __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+  __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  // vpdpbusd multiplies unsigned by signed: move w's sign onto x.
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+}
+
+inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehl_ps(lo, lo);
+  lo = _mm_add_ps(lo, sh);
+  sh = _mm_movehdup_ps(lo);
+  lo = _mm_add_ss(lo, sh);
+  return _mm_cvtss_f32(lo);
+}
+
+template <int R, int T>
+inline void tile_q8_0(const GemmArgs& a, int64_t r0, int64_t t0) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  const BlockQ8_0* w[R];
+  for (int r = 0; r < R; ++r)
+    w[r] = reinterpret_cast<const BlockQ8_0*>(a.w + static_cast<size_t>(r0 + r) * a.w_row_bytes);
+  const BlockQ8_0Act* x[T];
+  for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
+  const int64_t n_blocks = a.k / 32;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const float dw = _cvtsh_ss(w[r][b].d);
+      for (int t = 0; t < T; ++t) {
+        __m256 s = _mm256_cvtepi32_ps(dot_block_i32(w[r][b].qs, x[t][b].qs));
+        acc[r][t] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * x[t][b].d), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = hsum256(acc[r][t]);
+}
+
+template <typename L>
+struct FloatTile {
+  template <int R, int T>
+  struct Fn {
+    static void run(const GemmArgs& a, int64_t r, int64_t t) { tile_float<L, R, T>(a, r, t); }
+  };
+};
+
+template <int R, int T>
+struct Q8Tile {
+  static void run(const GemmArgs& a, int64_t r, int64_t t) { tile_q8_0<R, T>(a, r, t); }
+};
+
+void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF32>::Fn>(a, b, e); }
+void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF16>::Fn>(a, b, e); }
+void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadBF16>::Fn>(a, b, e); }
+void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile>(a, b, e); }
+
+template <typename L>
+float dot(const float* x, const void* bptr, int64_t n) {
+  const auto* b = static_cast<const uint8_t*>(bptr);
+  __m512 acc = _mm512_setzero_ps();
+  const int64_t n16 = n & ~int64_t{15};
+  for (int64_t i = 0; i < n16; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), L::load(b, i), acc);
+  if (n16 < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - n16)) - 1u);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + n16), L::load_tail(b, n16, m), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+template <typename L>
+void axpy(float alpha, const void* xptr, float* y, int64_t n) {
+  const auto* x = static_cast<const uint8_t*>(xptr);
+  const __m512 av = _mm512_set1_ps(alpha);
+  const int64_t n16 = n & ~int64_t{15};
+  for (int64_t i = 0; i < n16; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, L::load(x, i), _mm512_loadu_ps(y + i)));
+  if (n16 < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - n16)) - 1u);
+    _mm512_mask_storeu_ps(y + n16, m,
+                          _mm512_fmadd_ps(av, L::load_tail(x, n16, m), _mm512_maskz_loadu_ps(m, y + n16)));
+  }
+}
+
+}  // namespace
+
+const IsaKernels kAvx512Kernels = {
+    gemm_f32,      gemm_f16,      gemm_bf16,      gemm_q8_0,
+    dot<LoadF32>,  dot<LoadF16>,  dot<LoadBF16>,
+    axpy<LoadF32>, axpy<LoadF16>, axpy<LoadBF16>,
+};
+
+}  // namespace tandem::kernels

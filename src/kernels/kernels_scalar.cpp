@@ -1,0 +1,79 @@
+// Scalar reference kernels: the definition every vectorized variant is tested
+// against. Plain sequential sums, no tricks.
+#include <cstring>
+
+#include "kernels/isa_kernels.h"
+#include "util/fp16.h"
+
+namespace tandem::kernels {
+namespace {
+
+inline float load_f16(const void* p, int64_t i) {
+  uint16_t h;
+  std::memcpy(&h, static_cast<const uint8_t*>(p) + 2 * i, 2);
+  return f16_to_f32(h);
+}
+
+inline float load_bf16(const void* p, int64_t i) {
+  uint16_t h;
+  std::memcpy(&h, static_cast<const uint8_t*>(p) + 2 * i, 2);
+  return bf16_to_f32(h);
+}
+
+inline float load_f32(const void* p, int64_t i) {
+  float f;
+  std::memcpy(&f, static_cast<const uint8_t*>(p) + 4 * i, 4);
+  return f;
+}
+
+template <float (*Load)(const void*, int64_t)>
+void gemm_plain(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const float* x = a.x + t * a.ldx;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const uint8_t* w = a.w + static_cast<size_t>(r) * a.w_row_bytes;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < a.k; ++k) acc += x[k] * Load(w, k);
+      a.y[t * a.ldy + r] = acc;
+    }
+  }
+}
+
+void gemm_q8_0(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t n_blocks = a.k / 32;
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const BlockQ8_0Act* xb = a.xq + t * a.ldxq;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const auto* wb = reinterpret_cast<const BlockQ8_0*>(a.w + static_cast<size_t>(r) * a.w_row_bytes);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) sum += static_cast<int32_t>(wb[b].qs[i]) * xb[b].qs[i];
+        acc += static_cast<float>(sum) * (f16_to_f32(wb[b].d) * xb[b].d);
+      }
+      a.y[t * a.ldy + r] = acc;
+    }
+  }
+}
+
+template <float (*Load)(const void*, int64_t)>
+float dot(const float* a, const void* b, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * Load(b, i);
+  return acc;
+}
+
+template <float (*Load)(const void*, int64_t)>
+void axpy(float alpha, const void* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * Load(x, i);
+}
+
+}  // namespace
+
+const IsaKernels kScalarKernels = {
+    gemm_plain<load_f32>, gemm_plain<load_f16>, gemm_plain<load_bf16>, gemm_q8_0,
+    dot<load_f32>,        dot<load_f16>,        dot<load_bf16>,
+    axpy<load_f32>,       axpy<load_f16>,       axpy<load_bf16>,
+};
+
+}  // namespace tandem::kernels

@@ -1,0 +1,74 @@
+#include "kernels/matmul.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/isa_kernels.h"
+#include "kernels/ops.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace tandem::kernels {
+namespace {
+
+GemmFn gemm_for(const IsaKernels& k, DType t) {
+  switch (t) {
+    case DType::kF32: return k.gemm_f32;
+    case DType::kF16: return k.gemm_f16;
+    case DType::kBF16: return k.gemm_bf16;
+    case DType::kQ8_0: return k.gemm_q8_0;
+  }
+  return nullptr;
+}
+
+// Rows handed to a thread are multiples of this, so decode tiles stay whole.
+constexpr int64_t kRowGrain = 8;
+constexpr size_t kMaxOutputs = 8;
+
+}  // namespace
+
+void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, int64_t n_tokens,
+            ThreadPool& pool) {
+  if (outputs.empty() || n_tokens == 0) return;
+  TANDEM_ASSERT(outputs.size() <= kMaxOutputs);
+  const int64_t k = outputs[0].w->cols;
+  bool any_q8 = false;
+  int64_t total_rows = 0;
+  for (const auto& o : outputs) {
+    TANDEM_ASSERT(o.w->cols == k, "a matmul group must share its input width");
+    any_q8 |= o.w->type == DType::kQ8_0;
+    total_rows += o.w->rows;
+  }
+
+  // Q8_0 weights multiply activations quantized per row in blocks of 32; a
+  // row's quantization depends on that row only.
+  thread_local std::vector<BlockQ8_0Act> xq;
+  int64_t ldxq = 0;
+  if (any_q8) {
+    TANDEM_ASSERT(k % 32 == 0, "q8_0 weights need a row length that is a multiple of 32");
+    ldxq = k / 32;
+    xq.resize(static_cast<size_t>(ldxq * n_tokens));
+    for (int64_t t = 0; t < n_tokens; ++t) quantize_row_q8_0(x + t * ldx, xq.data() + t * ldxq, k);
+  }
+
+  const IsaKernels& isa = active_kernels();
+  GemmArgs args[kMaxOutputs];
+  int64_t first_row[kMaxOutputs + 1];
+  first_row[0] = 0;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& o = outputs[i];
+    args[i] = GemmArgs{o.w->data, o.w->row_bytes, k, x, ldx, xq.data(), ldxq, n_tokens, o.y, o.ldy};
+    first_row[i + 1] = first_row[i] + o.w->rows;
+  }
+
+  // Split the concatenated row space of all outputs across threads.
+  pool.parallel_for(total_rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const int64_t b = std::max(begin, first_row[i]);
+      const int64_t e = std::min(end, first_row[i + 1]);
+      if (b < e) gemm_for(isa, outputs[i].w->type)(args[i], b - first_row[i], e - first_row[i]);
+    }
+  });
+}
+
+}  // namespace tandem::kernels

@@ -1,0 +1,48 @@
+// Matrix products against weight matrices in f32, f16, bf16 or q8_0.
+//
+// y[t][r] = dot(x[t], W[r]) for every token row t and weight row r. Work is
+// split across threads by weight rows only (never along the reduction), so a
+// result does not depend on the thread count or on the other rows of x.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kernels/dtype.h"
+
+namespace tandem {
+class ThreadPool;
+}
+
+namespace tandem::kernels {
+
+// A weight matrix: `rows` rows of `cols` elements, row_bytes apart (a view;
+// the bytes usually live in the mmap'd model file).
+struct WeightMatrix {
+  DType type = DType::kF32;
+  const uint8_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_bytes = 0;
+};
+
+// One product in a group that shares its input x.
+struct MatmulOutput {
+  const WeightMatrix* w;
+  float* y;     // n_tokens rows of w->rows floats, ldy apart
+  int64_t ldy;
+};
+
+// Computes every output of the group in one parallel region (e.g. Q, K and V
+// together), so small products share one dispatch.
+void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, int64_t n_tokens,
+            ThreadPool& pool);
+
+inline void matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
+                   int64_t ldy, ThreadPool& pool) {
+  MatmulOutput out{&w, y, ldy};
+  matmul(std::span<const MatmulOutput>(&out, 1), x, ldx, n_tokens, pool);
+}
+
+}  // namespace tandem::kernels

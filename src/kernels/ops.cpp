@@ -1,0 +1,170 @@
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/isa_kernels.h"
+#include "util/error.h"
+#include "util/fp16.h"
+
+namespace tandem::kernels {
+
+void rms_norm(const float* x, int64_t ldx, const float* weight, float* out, int64_t ldo, int64_t n_rows,
+              int64_t n, float eps) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * ldx;
+    float* o = out + r * ldo;
+    // Double accumulation: the sum of squares of a few thousand values is where
+    // f32 would lose the most.
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
+    for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * scale * weight[i];
+  }
+}
+
+void rope_angles(const int32_t* positions, int64_t n_rows, const RopeParams& p, float* cos_out,
+                 float* sin_out) {
+  TANDEM_ASSERT(p.n_rot > 0 && p.n_rot % 2 == 0);
+  const int half = p.n_rot / 2;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const double pos = positions[r];
+    for (int i = 0; i < half; ++i) {
+      double freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
+      if (p.freq_factors != nullptr) freq /= p.freq_factors[i];
+      const double theta = pos * freq;
+      cos_out[r * half + i] = static_cast<float>(std::cos(theta));
+      sin_out[r * half + i] = static_cast<float>(std::sin(theta));
+    }
+  }
+}
+
+void rope_apply(float* x, int64_t ldx, int64_t n_rows, int n_heads, int head_dim, const RopeParams& p,
+                const float* cos_t, const float* sin_t) {
+  TANDEM_ASSERT(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= head_dim);
+  const int half = p.n_rot / 2;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* c = cos_t + r * half;
+    const float* s = sin_t + r * half;
+    float* row = x + r * ldx;
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = row + static_cast<int64_t>(h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const int a = p.neox ? i : 2 * i;
+        const int b = p.neox ? i + half : 2 * i + 1;
+        const float x0 = v[a];
+        const float x1 = v[b];
+        v[a] = x0 * c[i] - x1 * s[i];
+        v[b] = x0 * s[i] + x1 * c[i];
+      }
+    }
+  }
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void add_inplace(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  float max_v = x[0];
+  for (int64_t i = 1; i < n; ++i) max_v = std::max(max_v, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max_v);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+int64_t argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+void dequantize_row(DType t, const uint8_t* row, float* out, int64_t n) {
+  switch (t) {
+    case DType::kF32: std::memcpy(out, row, static_cast<size_t>(n) * 4); return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * i, 2);
+        out[i] = f16_to_f32(h);
+      }
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * i, 2);
+        out[i] = bf16_to_f32(h);
+      }
+      return;
+    case DType::kQ8_0: {
+      TANDEM_ASSERT(n % 32 == 0);
+      for (int64_t b = 0; b < n / 32; ++b) {
+        BlockQ8_0 blk;
+        std::memcpy(&blk, row + b * sizeof(BlockQ8_0), sizeof blk);
+        const float d = f16_to_f32(blk.d);
+        for (int i = 0; i < 32; ++i) out[b * 32 + i] = d * blk.qs[i];
+      }
+      return;
+    }
+  }
+}
+
+void convert_row(const float* x, DType t, uint8_t* out, int64_t n) {
+  switch (t) {
+    case DType::kF32: std::memcpy(out, x, static_cast<size_t>(n) * 4); return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h = f32_to_f16(x[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h = f32_to_bf16(x[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return;
+    case DType::kQ8_0: quantize_row_q8_0_weights(x, out, n); return;
+  }
+}
+
+void quantize_row_q8_0_weights(const float* x, uint8_t* out, int64_t n) {
+  TANDEM_ASSERT(n % 32 == 0);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    BlockQ8_0 blk;
+    blk.d = f32_to_f16(d);
+    for (int i = 0; i < 32; ++i) blk.qs[i] = static_cast<int8_t>(std::lround(xb[i] * id));
+    std::memcpy(out + b * sizeof(BlockQ8_0), &blk, sizeof blk);
+  }
+}
+
+void quantize_row_q8_0(const float* x, BlockQ8_0Act* out, int64_t n) {
+  TANDEM_ASSERT(n % 32 == 0);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = d;
+    for (int i = 0; i < 32; ++i) out[b].qs[i] = static_cast<int8_t>(std::lround(xb[i] * id));
+  }
+}
+
+}  // namespace tandem::kernels

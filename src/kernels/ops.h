@@ -1,0 +1,54 @@
+// Element-wise and row-wise operations of the transformer block. Each works on
+// one row at a time with a fixed summation order, so results do not depend on
+// batch composition.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace tandem::kernels {
+
+struct BlockQ8_0Act;
+
+// out = x / sqrt(mean(x^2) + eps) * weight, for n_rows rows of n elements.
+void rms_norm(const float* x, int64_t ldx, const float* weight, float* out, int64_t ldo, int64_t n_rows,
+              int64_t n, float eps);
+
+// Rotary position embedding, in place, on n_heads heads of head_dim per row.
+struct RopeParams {
+  int n_rot = 0;       // rotated dimensions per head (<= head_dim, even)
+  bool neox = false;   // pairs (i, i + n_rot/2) instead of (2i, 2i+1)
+  float freq_base = 10000.0f;
+  const float* freq_factors = nullptr;  // n_rot/2 divisors of the frequencies, or null
+};
+// The angles depend only on the position, so they are computed once per
+// forward pass (rope_angles: n_rows x n_rot/2 cosines and sines) and applied to
+// every layer's queries and keys (rope_apply).
+void rope_angles(const int32_t* positions, int64_t n_rows, const RopeParams& params, float* cos_out,
+                 float* sin_out);
+void rope_apply(float* x, int64_t ldx, int64_t n_rows, int n_heads, int head_dim, const RopeParams& params,
+                const float* cos_t, const float* sin_t);
+
+// g = silu(g) * u, element-wise.
+void silu_mul(float* g, const float* u, int64_t n);
+
+// y += x, element-wise.
+void add_inplace(float* y, const float* x, int64_t n);
+
+// In-place softmax of n values (max-subtracted, sequential sum).
+void softmax(float* x, int64_t n);
+
+// Index of the largest value (the first one on ties).
+int64_t argmax(const float* x, int64_t n);
+
+// Converts one row of n elements of type t to f32.
+void dequantize_row(DType t, const uint8_t* row, float* out, int64_t n);
+// Converts f32 to t (f32, f16 or bf16; round to nearest even).
+void convert_row(const float* x, DType t, uint8_t* out, int64_t n);
+// Quantizes f32 to q8_0 weight blocks (n a multiple of 32), as llama.cpp's reference does.
+void quantize_row_q8_0_weights(const float* x, uint8_t* out, int64_t n);
+// Quantizes activations for the q8_0 dot product (n a multiple of 32).
+void quantize_row_q8_0(const float* x, BlockQ8_0Act* out, int64_t n);
+
+}  // namespace tandem::kernels

@@ -1,0 +1,98 @@
+#include "kv/kv_pool.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "util/error.h"
+
+namespace tandem {
+
+size_t KvPool::bytes_per_block(const KvPoolShape& s) {
+  const size_t row = kernels::dtype_row_bytes(s.dtype, static_cast<int64_t>(s.n_kv_heads) * s.head_dim);
+  return row * static_cast<size_t>(s.block_size) * 2 * static_cast<size_t>(s.n_layers);
+}
+
+KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
+  if (shape.dtype == kernels::DType::kQ8_0) throw Error("the KV cache dtype must be f32, f16 or bf16");
+  if (shape.n_layers <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size <= 0 ||
+      shape.n_blocks <= 0)
+    throw Error("KV pool shape must be positive in every dimension");
+  row_bytes_ = kernels::dtype_row_bytes(shape.dtype, static_cast<int64_t>(shape.n_kv_heads) * shape.head_dim);
+  block_bytes_ = bytes_per_block(shape);
+  // Anonymous mapping: page-aligned (ready to register for RMA later) and zeroed.
+  void* p = mmap(nullptr, size_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    throw Error("cannot allocate the KV pool (" + std::to_string(size_bytes() >> 20) + " MiB): lower the block count");
+  data_ = static_cast<uint8_t*>(p);
+}
+
+KvPool::~KvPool() {
+  if (data_ != nullptr) munmap(data_, size_bytes());
+}
+
+uint8_t* KvPool::block(int32_t b) {
+  TANDEM_ASSERT(b >= 0 && b < shape_.n_blocks, "block id out of range");
+  return data_ + static_cast<size_t>(b) * block_bytes_;
+}
+
+uint8_t* KvPool::k_row(int32_t b, int layer, int slot) {
+  TANDEM_ASSERT(layer >= 0 && layer < shape_.n_layers && slot >= 0 && slot < shape_.block_size);
+  return block(b) + (static_cast<size_t>(layer) * 2 * static_cast<size_t>(shape_.block_size) + static_cast<size_t>(slot)) * row_bytes_;
+}
+
+uint8_t* KvPool::v_row(int32_t b, int layer, int slot) {
+  TANDEM_ASSERT(layer >= 0 && layer < shape_.n_layers && slot >= 0 && slot < shape_.block_size);
+  return block(b) + ((static_cast<size_t>(layer) * 2 + 1) * static_cast<size_t>(shape_.block_size) + static_cast<size_t>(slot)) * row_bytes_;
+}
+
+kernels::PagedKvLayer KvPool::layer_view(int layer) const {
+  kernels::PagedKvLayer v;
+  v.base = data_;
+  v.block_bytes = block_bytes_;
+  v.k_offset = static_cast<size_t>(layer) * 2 * static_cast<size_t>(shape_.block_size) * row_bytes_;
+  v.v_offset = v.k_offset + static_cast<size_t>(shape_.block_size) * row_bytes_;
+  v.row_bytes = row_bytes_;
+  v.block_size = shape_.block_size;
+  v.dtype = shape_.dtype;
+  return v;
+}
+
+SimpleBlockAllocator::SimpleBlockAllocator(int64_t n_blocks) : in_use_(static_cast<size_t>(n_blocks), false) {
+  free_.reserve(static_cast<size_t>(n_blocks));
+  for (int64_t b = n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+std::vector<int32_t> SimpleBlockAllocator::allocate(int64_t n) {
+  if (n > n_free())
+    throw Error("KV pool exhausted: " + std::to_string(n) + " blocks needed, " + std::to_string(n_free()) +
+                " free; raise the block count or shorten the request");
+  std::vector<int32_t> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t b = free_.back();
+    free_.pop_back();
+    TANDEM_ASSERT(!in_use_[static_cast<size_t>(b)]);
+    in_use_[static_cast<size_t>(b)] = true;
+    out.push_back(b);
+  }
+  return out;
+}
+
+void SimpleBlockAllocator::free(const std::vector<int32_t>& blocks) {
+  for (int32_t b : blocks) {
+    TANDEM_ASSERT(b >= 0 && static_cast<size_t>(b) < in_use_.size() && in_use_[static_cast<size_t>(b)],
+                  "double free of KV block " + std::to_string(b));
+    in_use_[static_cast<size_t>(b)] = false;
+    free_.push_back(b);
+  }
+}
+
+void SimpleBlockAllocator::shuffle(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::shuffle(free_.begin(), free_.end(), rng);
+}
+
+}  // namespace tandem

@@ -1,0 +1,76 @@
+// The KV cache memory of one instance: one contiguous allocation, block-major.
+//
+// Block b holds every layer's K and V for block_size consecutive token slots:
+//   block b = [layer 0: K rows (block_size x kv_dim), V rows][layer 1: ...]...
+// so moving a request's KV to another instance is one copy (one RMA operation
+// later) per block, not one per block per layer. A row is one token's K (or V)
+// for all KV heads: kv_dim = n_kv_heads * head_dim elements of the pool dtype.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/dtype.h"
+
+namespace tandem {
+
+struct KvPoolShape {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 16;  // token slots per block
+  kernels::DType dtype = kernels::DType::kF16;
+  int64_t n_blocks = 0;
+};
+
+class KvPool {
+ public:
+  explicit KvPool(const KvPoolShape& shape);
+  ~KvPool();
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  const KvPoolShape& shape() const { return shape_; }
+  size_t row_bytes() const { return row_bytes_; }
+  size_t block_bytes() const { return block_bytes_; }
+  size_t size_bytes() const { return block_bytes_ * static_cast<size_t>(shape_.n_blocks); }
+  uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
+
+  uint8_t* block(int32_t b);
+  uint8_t* k_row(int32_t block, int layer, int slot);
+  uint8_t* v_row(int32_t block, int layer, int slot);
+  // The view attention needs for one layer.
+  kernels::PagedKvLayer layer_view(int layer) const;
+
+  // Bytes needed per block for a shape (used to size the pool from a memory budget).
+  static size_t bytes_per_block(const KvPoolShape& shape);
+
+ private:
+  KvPoolShape shape_;
+  size_t row_bytes_ = 0;
+  size_t block_bytes_ = 0;
+  uint8_t* data_ = nullptr;
+};
+
+// A minimal free-list allocator over a pool's blocks, for tests and the CLI.
+// The serving engine has its own reference-counted block manager.
+class SimpleBlockAllocator {
+ public:
+  explicit SimpleBlockAllocator(int64_t n_blocks);
+  // Takes n blocks (lowest ids first unless shuffled); throws tandem::Error when
+  // fewer than n are free.
+  std::vector<int32_t> allocate(int64_t n);
+  void free(const std::vector<int32_t>& blocks);
+  int64_t n_free() const { return static_cast<int64_t>(free_.size()); }
+  // Reorders the free list with a seeded shuffle, so tests can scatter blocks.
+  void shuffle(uint64_t seed);
+
+ private:
+  std::vector<int32_t> free_;  // used as a stack: back() is handed out next
+  std::vector<bool> in_use_;
+};
+
+}  // namespace tandem

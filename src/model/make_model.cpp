@@ -1,0 +1,199 @@
+#include "model/make_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "gguf/gguf.h"
+#include "kernels/ops.h"
+#include "tokenizer/demo_vocab.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace tandem {
+
+namespace {
+
+using kernels::DType;
+
+const std::vector<ModelPreset>& presets() {
+  static const std::vector<ModelPreset> kPresets = {
+      {"tiny", 64, 2, 4, 2, 160, 1024, 512, false},
+      {"small", 1024, 24, 16, 4, 2816, 32000, 4096, false},
+      {"base", 896, 24, 14, 2, 4864, 151936, 32768, true},
+  };
+  return kPresets;
+}
+
+// splitmix64: a tiny, portable generator (the standard library's
+// distributions differ between implementations, which would break "same
+// arguments, same bytes").
+struct Rng {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-1, 1).
+  float uniform() { return static_cast<float>(static_cast<double>(next() >> 40) / static_cast<double>(1ull << 23) - 1.0); }
+};
+
+uint64_t fnv1a(const std::string& s, uint64_t seed) {
+  uint64_t h = 0xcbf29ce484222325ull ^ seed;
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+gguf::TensorType gguf_type(DType t) {
+  switch (t) {
+    case DType::kF32: return gguf::TensorType::F32;
+    case DType::kF16: return gguf::TensorType::F16;
+    case DType::kBF16: return gguf::TensorType::BF16;
+    case DType::kQ8_0: return gguf::TensorType::Q8_0;
+  }
+  return gguf::TensorType::F32;
+}
+
+uint32_t file_type(DType t) {
+  switch (t) {  // llama_ftype numbering
+    case DType::kF32: return 0;
+    case DType::kF16: return 1;
+    case DType::kQ8_0: return 7;
+    case DType::kBF16: return 32;
+  }
+  return 0;
+}
+
+class Builder {
+ public:
+  Builder(gguf::Writer& w, uint64_t seed, DType dtype) : w_(w), seed_(seed), dtype_(dtype) {}
+
+  // A matrix of `rows` rows of `cols` values uniform with standard deviation `std`.
+  void matrix(const std::string& name, int64_t cols, int64_t rows, float std_dev) {
+    Rng rng{fnv1a(name, seed_)};
+    const float amp = std_dev * std::sqrt(3.0f);
+    std::vector<float> row(static_cast<size_t>(cols));
+    const size_t row_bytes = kernels::dtype_row_bytes(dtype_, cols);
+    std::vector<uint8_t> data(row_bytes * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (auto& v : row) v = amp * rng.uniform();
+      kernels::convert_row(row.data(), dtype_, data.data() + static_cast<size_t>(r) * row_bytes, cols);
+    }
+    w_.add_tensor(name, gguf_type(dtype_), {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}, std::move(data));
+  }
+
+  // An f32 vector of values center + uniform(-spread, spread).
+  void vector(const std::string& name, int64_t n, float center, float spread) {
+    Rng rng{fnv1a(name, seed_)};
+    std::vector<uint8_t> data(static_cast<size_t>(n) * 4);
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = center + spread * rng.uniform();
+      std::memcpy(data.data() + 4 * i, &v, 4);
+    }
+    w_.add_tensor(name, gguf::TensorType::F32, {static_cast<uint64_t>(n)}, std::move(data));
+  }
+
+ private:
+  gguf::Writer& w_;
+  uint64_t seed_;
+  DType dtype_;
+};
+
+}  // namespace
+
+const ModelPreset& find_preset(const std::string& name) {
+  for (const auto& p : presets())
+    if (p.name == name) return p;
+  throw Error("unknown preset '" + name + "': expected one of tiny, small, base");
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : presets()) names.push_back(p.name);
+  return names;
+}
+
+void make_model(const MakeModelOptions& o, const std::string& path) {
+  const ModelPreset& p = find_preset(o.preset);
+  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3")
+    throw Error("unknown architecture '" + o.arch + "': expected one of llama, qwen2, qwen3");
+  const int64_t head_dim = p.n_embd / p.n_head;
+  const int64_t q_dim = p.n_head * head_dim;
+  const int64_t kv_dim = p.n_head_kv * head_dim;
+  const bool llama = o.arch == "llama";
+
+  gguf::Writer w;
+  const std::string& a = o.arch;
+  w.set("general.architecture", gguf::Value::make_string(a));
+  w.set("general.name", gguf::Value::make_string("tandem-demo-" + p.name + "-" + a));
+  w.set("general.file_type", gguf::Value::make_u32(file_type(o.dtype)));
+  w.set("general.quantization_version", gguf::Value::make_u32(2));
+  w.set(a + ".vocab_size", gguf::Value::make_u32(static_cast<uint32_t>(p.n_vocab)));
+  w.set(a + ".context_length", gguf::Value::make_u32(static_cast<uint32_t>(p.n_ctx)));
+  w.set(a + ".embedding_length", gguf::Value::make_u32(static_cast<uint32_t>(p.n_embd)));
+  w.set(a + ".block_count", gguf::Value::make_u32(static_cast<uint32_t>(p.n_layer)));
+  w.set(a + ".feed_forward_length", gguf::Value::make_u32(static_cast<uint32_t>(p.n_ff)));
+  w.set(a + ".attention.head_count", gguf::Value::make_u32(static_cast<uint32_t>(p.n_head)));
+  w.set(a + ".attention.head_count_kv", gguf::Value::make_u32(static_cast<uint32_t>(p.n_head_kv)));
+  w.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::make_f32(llama ? 1e-5f : 1e-6f));
+  w.set(a + ".rope.freq_base", gguf::Value::make_f32(llama ? 10000.0f : 1000000.0f));
+  w.set(a + ".rope.dimension_count", gguf::Value::make_u32(static_cast<uint32_t>(head_dim)));
+  if (a == "qwen3") {
+    w.set(a + ".attention.key_length", gguf::Value::make_u32(static_cast<uint32_t>(head_dim)));
+    w.set(a + ".attention.value_length", gguf::Value::make_u32(static_cast<uint32_t>(head_dim)));
+  }
+
+  const VocabData vocab = make_demo_vocab(static_cast<int32_t>(p.n_vocab), llama ? "llama-bpe" : "qwen2");
+  w.set("tokenizer.ggml.model", gguf::Value::make_string(vocab.model));
+  w.set("tokenizer.ggml.pre", gguf::Value::make_string(vocab.pre));
+  w.set("tokenizer.ggml.tokens", gguf::Value::make_string_array(vocab.tokens));
+  std::vector<int32_t> types;
+  types.reserve(vocab.token_types.size());
+  for (TokenType t : vocab.token_types) types.push_back(static_cast<int32_t>(t));
+  w.set("tokenizer.ggml.token_type", gguf::Value::make_i32_array(types));
+  w.set("tokenizer.ggml.merges", gguf::Value::make_string_array(vocab.merges));
+  w.set("tokenizer.ggml.bos_token_id", gguf::Value::make_u32(static_cast<uint32_t>(vocab.bos_id)));
+  w.set("tokenizer.ggml.eos_token_id", gguf::Value::make_u32(static_cast<uint32_t>(vocab.eos_id)));
+  w.set("tokenizer.ggml.eot_token_id", gguf::Value::make_u32(static_cast<uint32_t>(vocab.eot_id)));
+  w.set("tokenizer.ggml.padding_token_id", gguf::Value::make_u32(static_cast<uint32_t>(vocab.eos_id)));
+  w.set("tokenizer.ggml.add_bos_token", gguf::Value::make_bool(vocab.add_bos));
+  w.set("tokenizer.chat_template", gguf::Value::make_string(demo_chat_template()));
+
+  // Scales keep activations near unit size through the residual stream and
+  // make the logits peaked (std ~6), so greedy decoding is robust to rounding
+  // differences between implementations.
+  Builder b(w, o.seed, o.dtype);
+  const auto inv_sqrt = [](int64_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
+  const float out_std = 6.0f * inv_sqrt(p.n_embd);
+  b.matrix("token_embd.weight", p.n_embd, p.n_vocab, p.tied_embeddings ? out_std : 1.0f);
+  b.vector("output_norm.weight", p.n_embd, 1.0f, 0.1f);
+  if (!p.tied_embeddings) b.matrix("output.weight", p.n_embd, p.n_vocab, out_std);
+  for (int64_t l = 0; l < p.n_layer; ++l) {
+    const std::string pre = "blk." + std::to_string(l) + ".";
+    b.vector(pre + "attn_norm.weight", p.n_embd, 1.0f, 0.1f);
+    b.matrix(pre + "attn_q.weight", p.n_embd, q_dim, inv_sqrt(p.n_embd));
+    b.matrix(pre + "attn_k.weight", p.n_embd, kv_dim, inv_sqrt(p.n_embd));
+    b.matrix(pre + "attn_v.weight", p.n_embd, kv_dim, inv_sqrt(p.n_embd));
+    if (a == "qwen2") {
+      b.vector(pre + "attn_q.bias", q_dim, 0.0f, 0.1f);
+      b.vector(pre + "attn_k.bias", kv_dim, 0.0f, 0.1f);
+      b.vector(pre + "attn_v.bias", kv_dim, 0.0f, 0.1f);
+    }
+    if (a == "qwen3") {
+      b.vector(pre + "attn_q_norm.weight", head_dim, 1.0f, 0.1f);
+      b.vector(pre + "attn_k_norm.weight", head_dim, 1.0f, 0.1f);
+    }
+    b.matrix(pre + "attn_output.weight", q_dim, p.n_embd, inv_sqrt(q_dim));
+    b.vector(pre + "ffn_norm.weight", p.n_embd, 1.0f, 0.1f);
+    b.matrix(pre + "ffn_gate.weight", p.n_embd, p.n_ff, inv_sqrt(p.n_embd));
+    b.matrix(pre + "ffn_up.weight", p.n_embd, p.n_ff, inv_sqrt(p.n_embd));
+    b.matrix(pre + "ffn_down.weight", p.n_ff, p.n_embd, inv_sqrt(p.n_ff));
+  }
+  w.write(path);
+}
+
+}  // namespace tandem

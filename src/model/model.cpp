@@ -1,0 +1,281 @@
+#include "model/model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "gguf/gguf.h"
+#include "kernels/attention.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace tandem {
+
+namespace {
+
+using kernels::DType;
+using kernels::WeightMatrix;
+
+DType compute_dtype(const gguf::File& f, const gguf::TensorInfo& t) {
+  switch (t.type) {
+    case gguf::TensorType::F32: return DType::kF32;
+    case gguf::TensorType::F16: return DType::kF16;
+    case gguf::TensorType::BF16: return DType::kBF16;
+    case gguf::TensorType::Q8_0: return DType::kQ8_0;
+    default: break;
+  }
+  throw Error(f.path() + ": tensor '" + t.name + "' has type " + gguf::type_name(t.type) +
+              ", which tandem cannot compute with (supported: f32, f16, bf16, q8_0); re-quantize the model "
+              "to one of those");
+}
+
+std::string shape_text(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  for (int64_t d : dims) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+WeightMatrix matrix(const gguf::File& f, const std::string& name, int64_t cols, int64_t rows) {
+  const gguf::TensorInfo& t = f.tensor(name);
+  if (t.dims.size() != 2 || static_cast<int64_t>(t.dims[0]) != cols || static_cast<int64_t>(t.dims[1]) != rows)
+    throw Error(f.path() + ": tensor '" + name + "' has shape " + t.shape_string() + ", expected " +
+                shape_text({cols, rows}));
+  WeightMatrix w;
+  w.type = compute_dtype(f, t);
+  if (w.type == DType::kQ8_0 && cols % 32 != 0)
+    throw Error(f.path() + ": q8_0 tensor '" + name + "' has rows not made of whole blocks");
+  w.data = t.data;
+  w.rows = rows;
+  w.cols = cols;
+  w.row_bytes = kernels::dtype_row_bytes(w.type, cols);
+  TANDEM_ASSERT(w.row_bytes * static_cast<size_t>(rows) == t.n_bytes);
+  return w;
+}
+
+const float* vector_f32(const gguf::File& f, const std::string& name, int64_t n, bool required = true) {
+  const gguf::TensorInfo* t = f.find_tensor(name);
+  if (t == nullptr) {
+    if (required) f.tensor(name);  // throws the standard "missing tensor" error
+    return nullptr;
+  }
+  if (t->type != gguf::TensorType::F32)
+    throw Error(f.path() + ": tensor '" + name + "' must be f32 (it is " + gguf::type_name(t->type) + ")");
+  if (t->n_elements() != static_cast<uint64_t>(n))
+    throw Error(f.path() + ": tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
+                std::to_string(n) + "]");
+  // GGUF data is aligned (32 bytes by default), so an f32 view is aligned.
+  TANDEM_ASSERT(reinterpret_cast<uintptr_t>(t->data) % alignof(float) == 0);
+  return reinterpret_cast<const float*>(t->data);
+}
+
+void prefault(const gguf::File& f, const LoadOptions& options) {
+  const uint64_t total = f.file_size() - f.data_offset();
+  const uint8_t* base = f.tensors().empty() ? nullptr : f.tensors().front().data - f.tensors().front().offset;
+  if (base == nullptr) return;
+  constexpr uint64_t kPage = 4096;
+  constexpr uint64_t kReportEvery = 16ull << 20;
+  volatile uint8_t sink = 0;
+  for (uint64_t off = 0; off < total; off += kPage) {
+    sink = static_cast<uint8_t>(sink + base[off]);
+    if (options.progress && off % kReportEvery == 0) options.progress(off, total);
+  }
+  if (options.progress) options.progress(total, total);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const LoadOptions& options) {
+  std::unique_ptr<Model> m(new Model());
+  const gguf::File& f = *file;
+  m->file_ = std::move(file);
+  m->config_ = ModelConfig::from_gguf(f);
+  const ModelConfig& c = m->config_;
+  const int64_t q_dim = c.n_head * c.head_dim;
+  const int64_t kv_dim = c.n_head_kv * c.head_dim;
+
+  m->token_embd_ = matrix(f, "token_embd.weight", c.n_embd, c.n_vocab);
+  m->output_ = c.tied_embeddings ? m->token_embd_ : matrix(f, "output.weight", c.n_embd, c.n_vocab);
+  m->output_norm_ = vector_f32(f, "output_norm.weight", c.n_embd);
+  if (const float* factors = vector_f32(f, "rope_freqs.weight", c.n_rot / 2, false))
+    m->rope_freq_factors_.assign(factors, factors + c.n_rot / 2);
+
+  m->layers_.resize(static_cast<size_t>(c.n_layer));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& w = m->layers_[static_cast<size_t>(l)];
+    w.attn_norm = vector_f32(f, p + "attn_norm.weight", c.n_embd);
+    w.wq = matrix(f, p + "attn_q.weight", c.n_embd, q_dim);
+    w.wk = matrix(f, p + "attn_k.weight", c.n_embd, kv_dim);
+    w.wv = matrix(f, p + "attn_v.weight", c.n_embd, kv_dim);
+    w.wo = matrix(f, p + "attn_output.weight", q_dim, c.n_embd);
+    w.bq = vector_f32(f, p + "attn_q.bias", q_dim, c.qkv_bias);
+    w.bk = vector_f32(f, p + "attn_k.bias", kv_dim, c.qkv_bias);
+    w.bv = vector_f32(f, p + "attn_v.bias", kv_dim, c.qkv_bias);
+    if (c.qk_norm) {
+      w.q_norm = vector_f32(f, p + "attn_q_norm.weight", c.head_dim);
+      w.k_norm = vector_f32(f, p + "attn_k_norm.weight", c.head_dim);
+    }
+    w.ffn_norm = vector_f32(f, p + "ffn_norm.weight", c.n_embd);
+    w.w_gate = matrix(f, p + "ffn_gate.weight", c.n_embd, c.n_ff);
+    w.w_up = matrix(f, p + "ffn_up.weight", c.n_embd, c.n_ff);
+    w.w_down = matrix(f, p + "ffn_down.weight", c.n_ff, c.n_embd);
+  }
+  if (options.prefault) prefault(f, options);
+  return m;
+}
+
+uint64_t Model::weight_bytes_per_step() const {
+  auto bytes = [](const WeightMatrix& w) { return static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows); };
+  uint64_t total = bytes(output_) + token_embd_.row_bytes;
+  for (const LayerWeights& w : layers_)
+    total += bytes(w.wq) + bytes(w.wk) + bytes(w.wv) + bytes(w.wo) + bytes(w.w_gate) + bytes(w.w_up) + bytes(w.w_down);
+  return total;
+}
+
+KvPoolShape Model::kv_shape(int64_t n_blocks, int block_size, DType dtype) const {
+  KvPoolShape s;
+  s.n_layers = static_cast<int>(config_.n_layer);
+  s.n_kv_heads = static_cast<int>(config_.n_head_kv);
+  s.head_dim = static_cast<int>(config_.head_dim);
+  s.block_size = block_size;
+  s.dtype = dtype;
+  s.n_blocks = n_blocks;
+  return s;
+}
+
+void Model::check_batch(const Batch& b, const KvPool& kv) const {
+  const KvPoolShape& s = kv.shape();
+  TANDEM_ASSERT(s.n_layers == config_.n_layer && s.n_kv_heads == config_.n_head_kv && s.head_dim == config_.head_dim,
+                "KV pool shape does not match the model");
+  TANDEM_ASSERT(b.positions.size() == b.tokens.size());
+  std::vector<bool> covered(b.tokens.size(), false);
+  for (const BatchSequence& seq : b.sequences) {
+    TANDEM_ASSERT(seq.n_tokens > 0 && seq.first_row >= 0 && seq.first_row + seq.n_tokens <= b.n_rows());
+    const int32_t last_pos = b.positions[static_cast<size_t>(seq.first_row + seq.n_tokens - 1)];
+    TANDEM_ASSERT(static_cast<int64_t>(seq.block_table.size()) * s.block_size > last_pos,
+                  "block table does not cover the sequence's last position");
+    for (int32_t block : seq.block_table) TANDEM_ASSERT(block >= 0 && block < s.n_blocks, "block id out of range");
+    for (int32_t i = 0; i < seq.n_tokens; ++i) {
+      const auto row = static_cast<size_t>(seq.first_row + i);
+      TANDEM_ASSERT(!covered[row], "a batch row belongs to two sequences");
+      covered[row] = true;
+      TANDEM_ASSERT(b.positions[row] == b.positions[static_cast<size_t>(seq.first_row)] + i,
+                    "positions within a sequence must be consecutive");
+    }
+  }
+  for (size_t i = 0; i < covered.size(); ++i) TANDEM_ASSERT(covered[i], "a batch row belongs to no sequence");
+  for (int32_t tok : b.tokens) TANDEM_ASSERT(tok >= 0 && tok < config_.n_vocab, "token id out of range");
+  for (int32_t r : b.logit_rows) TANDEM_ASSERT(r >= 0 && r < b.n_rows(), "logit row out of range");
+}
+
+std::vector<float> Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool) {
+  std::vector<float> logits(batch.logit_rows.size() * static_cast<size_t>(config_.n_vocab));
+  forward(batch, kv, pool, logits.data());
+  return logits;
+}
+
+void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* logits) {
+  check_batch(batch, kv);
+  const ModelConfig& c = config_;
+  const int64_t n = batch.n_rows();
+  if (n == 0) return;
+  const int64_t E = c.n_embd;
+  const int64_t q_dim = c.n_head * c.head_dim;
+  const int64_t kv_dim = c.n_head_kv * c.head_dim;
+  const int64_t F = c.n_ff;
+  const int half_rot = c.n_rot / 2;
+  auto size = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
+  ws_.x.resize(size(n, E));
+  ws_.xn.resize(size(n, E));
+  ws_.q.resize(size(n, q_dim));
+  ws_.k.resize(size(n, kv_dim));
+  ws_.v.resize(size(n, kv_dim));
+  ws_.attn.resize(size(n, q_dim));
+  ws_.proj.resize(size(n, E));
+  ws_.gate.resize(size(n, F));
+  ws_.up.resize(size(n, F));
+  ws_.cos.resize(size(n, half_rot));
+  ws_.sin.resize(size(n, half_rot));
+  ws_.queries.resize(static_cast<size_t>(n));
+
+  // Per-row context: attention query descriptor and KV slot.
+  std::vector<std::pair<int32_t, int32_t>> slot_of_row(static_cast<size_t>(n));
+  const int block_size = kv.shape().block_size;
+  for (const BatchSequence& seq : batch.sequences) {
+    for (int32_t i = 0; i < seq.n_tokens; ++i) {
+      const auto row = static_cast<size_t>(seq.first_row + i);
+      const int32_t pos = batch.positions[row];
+      ws_.queries[row] = {pos, seq.block_table.data(), static_cast<int32_t>(seq.block_table.size())};
+      slot_of_row[row] = {seq.block_table[static_cast<size_t>(pos / block_size)], pos % block_size};
+    }
+  }
+
+  for (int64_t t = 0; t < n; ++t) {
+    const auto tok = static_cast<size_t>(batch.tokens[static_cast<size_t>(t)]);
+    kernels::dequantize_row(token_embd_.type, token_embd_.data + tok * token_embd_.row_bytes, ws_.x.data() + t * E, E);
+  }
+
+  kernels::RopeParams rope;
+  rope.n_rot = c.n_rot;
+  rope.neox = c.rope_neox;
+  rope.freq_base = c.rope_freq_base;
+  rope.freq_factors = rope_freq_factors_.empty() ? nullptr : rope_freq_factors_.data();
+  kernels::rope_angles(batch.positions.data(), n, rope, ws_.cos.data(), ws_.sin.data());
+  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& w = layers_[static_cast<size_t>(l)];
+    kernels::rms_norm(ws_.x.data(), E, w.attn_norm, ws_.xn.data(), E, n, E, c.rms_eps);
+    const kernels::MatmulOutput qkv[] = {{&w.wq, ws_.q.data(), q_dim}, {&w.wk, ws_.k.data(), kv_dim},
+                                         {&w.wv, ws_.v.data(), kv_dim}};
+    kernels::matmul(qkv, ws_.xn.data(), E, n, pool);
+    if (w.bq != nullptr) {
+      for (int64_t t = 0; t < n; ++t) {
+        kernels::add_inplace(ws_.q.data() + t * q_dim, w.bq, q_dim);
+        kernels::add_inplace(ws_.k.data() + t * kv_dim, w.bk, kv_dim);
+        kernels::add_inplace(ws_.v.data() + t * kv_dim, w.bv, kv_dim);
+      }
+    }
+    if (w.q_norm != nullptr) {
+      // Per-head RMSNorm: every head is a row of head_dim.
+      kernels::rms_norm(ws_.q.data(), c.head_dim, w.q_norm, ws_.q.data(), c.head_dim, n * c.n_head, c.head_dim, c.rms_eps);
+      kernels::rms_norm(ws_.k.data(), c.head_dim, w.k_norm, ws_.k.data(), c.head_dim, n * c.n_head_kv, c.head_dim,
+                        c.rms_eps);
+    }
+    kernels::rope_apply(ws_.q.data(), q_dim, n, static_cast<int>(c.n_head), static_cast<int>(c.head_dim), rope,
+                        ws_.cos.data(), ws_.sin.data());
+    kernels::rope_apply(ws_.k.data(), kv_dim, n, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), rope,
+                        ws_.cos.data(), ws_.sin.data());
+    // Write K and V first: attention then reads every position, including this
+    // call's own, from the pool in the pool's dtype.
+    const DType kv_type = kv.shape().dtype;
+    for (int64_t t = 0; t < n; ++t) {
+      const auto [block, slot] = slot_of_row[static_cast<size_t>(t)];
+      kernels::convert_row(ws_.k.data() + t * kv_dim, kv_type, kv.k_row(block, static_cast<int>(l), slot), kv_dim);
+      kernels::convert_row(ws_.v.data() + t * kv_dim, kv_type, kv.v_row(block, static_cast<int>(l), slot), kv_dim);
+    }
+    kernels::paged_attention(ws_.q.data(), q_dim, n, ws_.queries.data(), kv.layer_view(static_cast<int>(l)),
+                             static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                             attn_scale, ws_.attn.data(), q_dim, pool);
+    kernels::matmul(w.wo, ws_.attn.data(), q_dim, n, ws_.proj.data(), E, pool);
+    kernels::add_inplace(ws_.x.data(), ws_.proj.data(), n * E);
+
+    kernels::rms_norm(ws_.x.data(), E, w.ffn_norm, ws_.xn.data(), E, n, E, c.rms_eps);
+    const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws_.gate.data(), F}, {&w.w_up, ws_.up.data(), F}};
+    kernels::matmul(gate_up, ws_.xn.data(), E, n, pool);
+    kernels::silu_mul(ws_.gate.data(), ws_.up.data(), n * F);
+    kernels::matmul(w.w_down, ws_.gate.data(), F, n, ws_.proj.data(), E, pool);
+    kernels::add_inplace(ws_.x.data(), ws_.proj.data(), n * E);
+  }
+
+  // Final norm and the vocabulary projection, only for the rows asked for.
+  const auto n_out = static_cast<int64_t>(batch.logit_rows.size());
+  if (n_out == 0) return;
+  ws_.logits_in.resize(size(n_out, E));
+  for (int64_t i = 0; i < n_out; ++i) {
+    const int64_t row = batch.logit_rows[static_cast<size_t>(i)];
+    kernels::rms_norm(ws_.x.data() + row * E, E, output_norm_, ws_.logits_in.data() + i * E, E, 1, E, c.rms_eps);
+  }
+  kernels::matmul(output_, ws_.logits_in.data(), E, n_out, logits, c.n_vocab, pool);
+}
+
+}  // namespace tandem

@@ -1,0 +1,53 @@
+#include "model/model_config.h"
+
+#include "gguf/gguf.h"
+#include "util/error.h"
+
+namespace tandem {
+
+ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
+  ModelConfig c;
+  c.arch = f.architecture();
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
+    throw Error(f.path() + ": architecture '" + c.arch + "' is not supported (supported: " +
+                supported_architectures() + ")");
+  c.name = f.get_string_or("general.name", "");
+  auto key = [&](const char* suffix) { return f.arch_key(suffix); };
+  c.n_embd = static_cast<int64_t>(f.get_u64(key("embedding_length")));
+  c.n_layer = static_cast<int64_t>(f.get_u64(key("block_count")));
+  c.n_ff = static_cast<int64_t>(f.get_u64(key("feed_forward_length")));
+  c.n_head = static_cast<int64_t>(f.get_u64(key("attention.head_count")));
+  c.n_head_kv = static_cast<int64_t>(f.get_u64_or(key("attention.head_count_kv"), static_cast<uint64_t>(c.n_head)));
+  c.n_ctx_train = static_cast<int64_t>(f.get_u64_or(key("context_length"), 2048));
+  c.rms_eps = static_cast<float>(f.get_f64_or(key("attention.layer_norm_rms_epsilon"), 1e-5));
+  c.rope_freq_base = static_cast<float>(f.get_f64_or(key("rope.freq_base"), 10000.0));
+  if (c.n_head <= 0 || c.n_embd <= 0 || c.n_layer <= 0 || c.n_ff <= 0 || c.n_head_kv <= 0)
+    throw Error(f.path() + ": model dimensions must be positive");
+  if (c.n_head % c.n_head_kv != 0)
+    throw Error(f.path() + ": head_count (" + std::to_string(c.n_head) + ") is not a multiple of head_count_kv (" +
+                std::to_string(c.n_head_kv) + ")");
+  c.head_dim = static_cast<int64_t>(f.get_u64_or(key("attention.key_length"), static_cast<uint64_t>(c.n_embd / c.n_head)));
+  const auto value_length = static_cast<int64_t>(f.get_u64_or(key("attention.value_length"), static_cast<uint64_t>(c.head_dim)));
+  if (value_length != c.head_dim) throw Error(f.path() + ": attention.value_length != key_length is not supported");
+  c.n_rot = static_cast<int>(f.get_u64_or(key("rope.dimension_count"), static_cast<uint64_t>(c.head_dim)));
+  if (c.n_rot <= 0 || c.n_rot > c.head_dim || c.n_rot % 2 != 0)
+    throw Error(f.path() + ": rope.dimension_count must be even and at most the head size");
+  c.rope_neox = c.arch != "llama";
+  c.qkv_bias = c.arch == "qwen2";
+  c.qk_norm = c.arch == "qwen3";
+  const std::string scaling = f.get_string_or(key("rope.scaling.type"), "none");
+  if (scaling != "none" && scaling != "linear" && scaling != "llama3")
+    throw Error(f.path() + ": rope scaling '" + scaling + "' is not supported (supported: none, llama3 via rope_freqs)");
+  if (scaling == "linear" && f.get_f64_or(key("rope.scaling.factor"), 1.0) != 1.0)
+    throw Error(f.path() + ": linear rope scaling is not supported");
+
+  const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
+  if (embd.dims.size() != 2 || static_cast<int64_t>(embd.dims[0]) != c.n_embd)
+    throw Error(f.path() + ": token_embd.weight has shape " + embd.shape_string() + ", expected [" +
+                std::to_string(c.n_embd) + ", n_vocab]");
+  c.n_vocab = static_cast<int64_t>(embd.dims[1]);
+  c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  return c;
+}
+
+}  // namespace tandem

@@ -1,0 +1,32 @@
+// Generated tiny models shared by the model tests (made once per test binary).
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include <unistd.h>
+
+#include "model/make_model.h"
+
+namespace tandem::testing {
+
+inline std::string tiny_model_path(const std::string& arch, kernels::DType dtype, uint64_t seed = 0) {
+  static std::map<std::string, std::string> made;
+  const std::string key = arch + "-" + kernels::dtype_name(dtype) + "-" + std::to_string(seed);
+  auto it = made.find(key);
+  if (it != made.end()) return it->second;
+  const auto dir = std::filesystem::temp_directory_path() / ("tandem-test-models-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / ("tiny-" + key + ".gguf")).string();
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.arch = arch;
+  o.dtype = dtype;
+  o.seed = seed;
+  make_model(o, path);
+  made[key] = path;
+  return path;
+}
+
+}  // namespace tandem::testing

@@ -1,0 +1,330 @@
+// Every vectorized kernel agrees with the scalar reference within a stated
+// tolerance, on odd shapes; and every variant is batch-invariant (a row's
+// result is bitwise the same whatever else is computed with it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/isa.h"
+#include "kernels/isa_kernels.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "util/fp16.h"
+#include "util/thread_pool.h"
+
+namespace tandem::kernels {
+namespace {
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out;
+  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (isa_supported(i)) out.push_back(i);
+  return out;
+}
+
+const IsaKernels& table(Isa i) {
+  return i == Isa::kAvx512 ? kAvx512Kernels : i == Isa::kAvx2 ? kAvx2Kernels : kScalarKernels;
+}
+
+GemmFn gemm_of(const IsaKernels& k, DType t) {
+  switch (t) {
+    case DType::kF32: return k.gemm_f32;
+    case DType::kF16: return k.gemm_f16;
+    case DType::kBF16: return k.gemm_bf16;
+    case DType::kQ8_0: return k.gemm_q8_0;
+  }
+  return nullptr;
+}
+
+struct Problem {
+  DType type;
+  int64_t rows, cols, tokens;
+  std::vector<uint8_t> w;
+  std::vector<float> w_deq;  // the weights as the kernels see them
+  std::vector<float> x;
+  std::vector<BlockQ8_0Act> xq;
+
+  Problem(DType t, int64_t r, int64_t c, int64_t n, uint64_t seed) : type(t), rows(r), cols(c), tokens(n) {
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const size_t rb = dtype_row_bytes(t, c);
+    w.resize(rb * static_cast<size_t>(r));
+    w_deq.resize(static_cast<size_t>(r * c));
+    std::vector<float> row(static_cast<size_t>(c));
+    for (int64_t i = 0; i < r; ++i) {
+      for (auto& v : row) v = u(rng);
+      convert_row(row.data(), t, w.data() + static_cast<size_t>(i) * rb, c);
+      dequantize_row(t, w.data() + static_cast<size_t>(i) * rb, w_deq.data() + i * c, c);
+    }
+    x.resize(static_cast<size_t>(n * c));
+    for (auto& v : x) v = u(rng);
+    if (t == DType::kQ8_0) {
+      xq.resize(static_cast<size_t>(n * c / 32));
+      for (int64_t i = 0; i < n; ++i) quantize_row_q8_0(x.data() + i * c, xq.data() + i * (c / 32), c);
+    }
+  }
+
+  GemmArgs args(float* y) const {
+    return GemmArgs{w.data(), dtype_row_bytes(type, cols), cols, x.data(), cols, xq.data(), cols / 32, tokens, y, rows};
+  }
+
+  std::vector<float> run(Isa isa) const {
+    std::vector<float> y(static_cast<size_t>(tokens * rows), NAN);
+    gemm_of(table(isa), type)(args(y.data()), 0, rows);
+    return y;
+  }
+
+  // Bound on the rounding error of a length-k float dot product: a generous
+  // multiple of k * eps * sum |x_i w_i|.
+  float tolerance(int64_t t, int64_t r) const {
+    double abs_sum = 0;
+    for (int64_t k = 0; k < cols; ++k) abs_sum += std::fabs(x[static_cast<size_t>(t * cols + k)] * w_deq[static_cast<size_t>(r * cols + k)]);
+    return static_cast<float>(abs_sum * 4e-7 * static_cast<double>(cols) + 1e-6);
+  }
+};
+
+TEST(Fp16, KnownConversions) {
+  EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
+  EXPECT_EQ(f32_to_f16(-2.0f), 0xc000);
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);
+  EXPECT_EQ(f32_to_f16(70000.0f), 0x7c00);  // overflow saturates to inf
+  EXPECT_EQ(f32_to_f16(1e-9f), 0x0000);
+  EXPECT_EQ(f32_to_f16(5.9604645e-8f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(f16_to_f32(0x0001), 5.9604645e-8f);
+  EXPECT_EQ(f16_to_f32(0x3555), 0.333251953125f);
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(NAN))));
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_f32(0x4049), 3.140625f);
+  // Every half value survives a round trip through f32.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_f16(f), h) << h;
+  }
+  // Round to nearest even between two halves.
+  EXPECT_EQ(f32_to_f16(1.0f + 1.0f / 2048.0f), 0x3c00);
+  EXPECT_EQ(f32_to_f16(1.0f + 3.0f / 2048.0f), 0x3c02);
+}
+
+TEST(Kernels, GemmMatchesScalarReferenceOnOddShapes) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    const bool q8 = t == DType::kQ8_0;
+    const std::vector<int64_t> cols = q8 ? std::vector<int64_t>{32, 96, 160} : std::vector<int64_t>{1, 7, 15, 16, 17, 64, 100};
+    for (int64_t c : cols) {
+      for (int64_t r : {1, 3, 8, 13, 37}) {
+        for (int64_t n : {1, 2, 6, 11}) {
+          Problem p(t, r, c, n, static_cast<uint64_t>(c * 1000 + r * 10 + n));
+          const std::vector<float> ref = p.run(Isa::kScalar);
+          for (Isa isa : supported_isas()) {
+            const std::vector<float> y = p.run(isa);
+            for (int64_t tok = 0; tok < n; ++tok)
+              for (int64_t row = 0; row < r; ++row) {
+                const size_t i = static_cast<size_t>(tok * r + row);
+                ASSERT_NEAR(y[i], ref[i], p.tolerance(tok, row))
+                    << dtype_name(t) << " " << isa_name(isa) << " rows=" << r << " cols=" << c << " n=" << n;
+              }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Kernels, Q8_0ReferenceMatchesDequantizedProduct) {
+  // The q8_0 product equals the product of the dequantized weights with the
+  // quantized activations' values, up to float rounding.
+  Problem p(DType::kQ8_0, 5, 128, 3, 7);
+  const std::vector<float> y = p.run(Isa::kScalar);
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t r = 0; r < 5; ++r) {
+      double exact = 0;
+      for (int64_t k = 0; k < 128; ++k) {
+        const BlockQ8_0Act& b = p.xq[static_cast<size_t>(t * 4 + k / 32)];
+        exact += static_cast<double>(p.w_deq[static_cast<size_t>(r * 128 + k)]) * b.d * b.qs[k % 32];
+      }
+      EXPECT_NEAR(y[static_cast<size_t>(t * 5 + r)], exact, 1e-4 * (1 + std::fabs(exact)));
+    }
+}
+
+TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
+  for (Isa isa : supported_isas()) {
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+      Problem p(t, 45, 160, 12, 99);
+      const std::vector<float> all = p.run(isa);
+      // Each token alone, each row range separately.
+      for (int64_t tok = 0; tok < p.tokens; ++tok) {
+        Problem single = p;
+        single.tokens = 1;
+        single.x.assign(p.x.begin() + tok * p.cols, p.x.begin() + (tok + 1) * p.cols);
+        if (t == DType::kQ8_0) single.xq.assign(p.xq.begin() + tok * p.cols / 32, p.xq.begin() + (tok + 1) * p.cols / 32);
+        std::vector<float> y(static_cast<size_t>(p.rows), NAN);
+        const GemmArgs a = single.args(y.data());
+        gemm_of(table(isa), t)(a, 0, 19);
+        gemm_of(table(isa), t)(a, 19, 20);
+        gemm_of(table(isa), t)(a, 20, p.rows);
+        for (int64_t r = 0; r < p.rows; ++r)
+          ASSERT_EQ(std::memcmp(&y[static_cast<size_t>(r)], &all[static_cast<size_t>(tok * p.rows + r)], 4), 0)
+              << isa_name(isa) << " " << dtype_name(t) << " token " << tok << " row " << r;
+      }
+    }
+  }
+}
+
+TEST(Kernels, MatmulGroupSameForOneAndTwoThreads) {
+  Problem a(DType::kF16, 40, 64, 9, 1);
+  Problem b(DType::kF16, 24, 64, 9, 2);
+  b.x = a.x;
+  WeightMatrix wa{DType::kF16, a.w.data(), a.rows, a.cols, dtype_row_bytes(DType::kF16, 64)};
+  WeightMatrix wb{DType::kF16, b.w.data(), b.rows, b.cols, dtype_row_bytes(DType::kF16, 64)};
+  std::vector<float> ya1(40 * 9), yb1(24 * 9), ya2(40 * 9), yb2(24 * 9);
+  ThreadPool one(1), two(2);
+  const MatmulOutput g1[] = {{&wa, ya1.data(), 40}, {&wb, yb1.data(), 24}};
+  const MatmulOutput g2[] = {{&wa, ya2.data(), 40}, {&wb, yb2.data(), 24}};
+  matmul(g1, a.x.data(), 64, 9, one);
+  matmul(g2, a.x.data(), 64, 9, two);
+  EXPECT_EQ(std::memcmp(ya1.data(), ya2.data(), ya1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(yb1.data(), yb2.data(), yb1.size() * 4), 0);
+  // And the grouped product equals the reference.
+  const std::vector<float> ref = a.run(Isa::kScalar);
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(ya1[i], ref[i], 1e-4);
+}
+
+TEST(Kernels, DotAndAxpyMatchScalarForEveryKvType) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t n : {1, 5, 8, 16, 33, 64, 128}) {
+      std::vector<float> a(static_cast<size_t>(n)), bf(static_cast<size_t>(n)), y0(static_cast<size_t>(n));
+      for (auto& v : a) v = u(rng);
+      for (auto& v : bf) v = u(rng);
+      for (auto& v : y0) v = u(rng);
+      std::vector<uint8_t> b(dtype_row_bytes(t, n));
+      convert_row(bf.data(), t, b.data(), n);
+      const auto pick_dot = [&](const IsaKernels& k) { return t == DType::kF32 ? k.dot_f32 : t == DType::kF16 ? k.dot_f16 : k.dot_bf16; };
+      const auto pick_axpy = [&](const IsaKernels& k) { return t == DType::kF32 ? k.axpy_f32 : t == DType::kF16 ? k.axpy_f16 : k.axpy_bf16; };
+      const float ref = pick_dot(kScalarKernels)(a.data(), b.data(), n);
+      std::vector<float> yref = y0;
+      pick_axpy(kScalarKernels)(0.75f, b.data(), yref.data(), n);
+      for (Isa isa : supported_isas()) {
+        EXPECT_NEAR(pick_dot(table(isa))(a.data(), b.data(), n), ref, 1e-5 * n) << isa_name(isa) << " n=" << n;
+        std::vector<float> y = y0;
+        pick_axpy(table(isa))(0.75f, b.data(), y.data(), n);
+        for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], yref[i], 1e-6) << isa_name(isa);
+      }
+    }
+  }
+}
+
+TEST(Kernels, RmsNormSiluSoftmaxMatchFormulas) {
+  std::vector<float> x = {1, -2, 3, 0.5f}, w = {1, 2, 0.5f, -1}, out(4);
+  rms_norm(x.data(), 4, w.data(), out.data(), 4, 1, 4, 1e-6f);
+  const double rms = std::sqrt((1 + 4 + 9 + 0.25) / 4 + 1e-6);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[static_cast<size_t>(i)], x[static_cast<size_t>(i)] / rms * w[static_cast<size_t>(i)], 1e-6);
+  std::vector<float> g = {-1, 0, 2}, up = {2, 3, -1};
+  silu_mul(g.data(), up.data(), 3);
+  EXPECT_NEAR(g[0], -1 / (1 + std::exp(1.0)) * 2, 1e-6);
+  EXPECT_EQ(g[1], 0.0f);
+  EXPECT_NEAR(g[2], 2 / (1 + std::exp(-2.0)) * -1, 1e-6);
+  std::vector<float> s = {1000, 1001, 999};
+  softmax(s.data(), 3);
+  EXPECT_NEAR(s[0] + s[1] + s[2], 1.0, 1e-6);
+  EXPECT_NEAR(s[1] / s[0], std::exp(1.0), 1e-4);
+  EXPECT_EQ(argmax(s.data(), 3), 1);
+}
+
+TEST(Kernels, RopeRotatesTheRightPairs) {
+  const int head_dim = 8;
+  std::vector<float> base = {1, 2, 3, 4, 5, 6, 7, 8};
+  const int32_t pos[] = {3};
+  for (bool neox : {false, true}) {
+    RopeParams p;
+    p.n_rot = head_dim;
+    p.neox = neox;
+    p.freq_base = 100.0f;
+    std::vector<float> c(4), s(4), v = base;
+    rope_angles(pos, 1, p, c.data(), s.data());
+    rope_apply(v.data(), head_dim, 1, 1, head_dim, p, c.data(), s.data());
+    for (int i = 0; i < 4; ++i) {
+      const double theta = 3.0 * std::pow(100.0, -2.0 * i / head_dim);
+      const int a = neox ? i : 2 * i, b = neox ? i + 4 : 2 * i + 1;
+      EXPECT_NEAR(v[static_cast<size_t>(a)], base[static_cast<size_t>(a)] * std::cos(theta) - base[static_cast<size_t>(b)] * std::sin(theta), 1e-5);
+      EXPECT_NEAR(v[static_cast<size_t>(b)], base[static_cast<size_t>(a)] * std::sin(theta) + base[static_cast<size_t>(b)] * std::cos(theta), 1e-5);
+    }
+  }
+}
+
+TEST(Kernels, Q8_0QuantizationErrorIsBoundedByHalfAStep) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-4, 4);
+  std::vector<float> x(256), back(256);
+  for (auto& v : x) v = u(rng);
+  std::vector<uint8_t> q(dtype_row_bytes(DType::kQ8_0, 256));
+  quantize_row_q8_0_weights(x.data(), q.data(), 256);
+  dequantize_row(DType::kQ8_0, q.data(), back.data(), 256);
+  for (int b = 0; b < 8; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[static_cast<size_t>(b * 32 + i)]));
+    for (int i = 0; i < 32; ++i) EXPECT_LE(std::fabs(back[static_cast<size_t>(b * 32 + i)] - x[static_cast<size_t>(b * 32 + i)]), amax / 127 * 0.5 + amax * 1e-3);
+  }
+}
+
+// Attention over a paged layout: scattered blocks give bitwise the same output
+// as blocks in order, and both match a double-precision reference.
+TEST(Kernels, PagedAttentionMatchesReferenceAndIgnoresBlockPlacement) {
+  const int n_head = 4, n_kv = 2, hd = 16, bs = 4, n_pos = 11, n_blocks = 8;
+  const size_t row_bytes = dtype_row_bytes(DType::kF16, n_kv * hd);
+  const size_t block_bytes = row_bytes * bs * 2;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> k(static_cast<size_t>(n_pos * n_kv * hd)), v(k.size()), q(static_cast<size_t>(n_head * hd));
+  for (auto& f : k) f = u(rng);
+  for (auto& f : v) f = u(rng);
+  for (auto& f : q) f = u(rng);
+  auto fill = [&](const std::vector<int32_t>& table) {
+    std::vector<uint8_t> pool(block_bytes * n_blocks, 0);
+    for (int p = 0; p < n_pos; ++p) {
+      uint8_t* blk = pool.data() + static_cast<size_t>(table[static_cast<size_t>(p / bs)]) * block_bytes;
+      convert_row(k.data() + p * n_kv * hd, DType::kF16, blk + static_cast<size_t>(p % bs) * row_bytes, n_kv * hd);
+      convert_row(v.data() + p * n_kv * hd, DType::kF16, blk + (bs + static_cast<size_t>(p % bs)) * row_bytes, n_kv * hd);
+    }
+    return pool;
+  };
+  const std::vector<int32_t> ordered = {0, 1, 2}, scattered = {6, 2, 5};
+  ThreadPool tp(2);
+  auto run = [&](const std::vector<int32_t>& table) {
+    std::vector<uint8_t> pool = fill(table);
+    PagedKvLayer kv{pool.data(), block_bytes, 0, bs * row_bytes, row_bytes, bs, DType::kF16};
+    AttentionQuery query{n_pos - 1, table.data(), 3};
+    std::vector<float> out(q.size());
+    paged_attention(q.data(), n_head * hd, 1, &query, kv, n_head, n_kv, hd, 0.25f, out.data(), n_head * hd, tp);
+    return out;
+  };
+  const std::vector<float> a = run(ordered), b = run(scattered);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+  for (int h = 0; h < n_head; ++h) {
+    const int g = h / (n_head / n_kv);
+    std::vector<double> s(n_pos);
+    double mx = -1e30, sum = 0;
+    for (int p = 0; p < n_pos; ++p) {
+      double d = 0;
+      for (int i = 0; i < hd; ++i)
+        d += q[static_cast<size_t>(h * hd + i)] * f16_to_f32(f32_to_f16(k[static_cast<size_t>((p * n_kv + g) * hd + i)]));
+      s[static_cast<size_t>(p)] = d * 0.25;
+      mx = std::max(mx, s[static_cast<size_t>(p)]);
+    }
+    for (auto& e : s) sum += (e = std::exp(e - mx));
+    for (int i = 0; i < hd; ++i) {
+      double o = 0;
+      for (int p = 0; p < n_pos; ++p)
+        o += s[static_cast<size_t>(p)] / sum * f16_to_f32(f32_to_f16(v[static_cast<size_t>((p * n_kv + g) * hd + i)]));
+      EXPECT_NEAR(a[static_cast<size_t>(h * hd + i)], o, 1e-5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::kernels

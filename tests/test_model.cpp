@@ -1,0 +1,328 @@
+// The forward pass: correct against an independent reference, and batch
+// invariant (batched == alone, chunked == whole, 1 thread == 2 threads,
+// scattered blocks == ordered blocks), bitwise.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "kernels/isa.h"
+#include "kernels/ops.h"
+#include "model/model.h"
+#include "model_fixtures.h"
+#include "util/error.h"
+#include "util/fp16.h"
+#include "util/thread_pool.h"
+
+namespace tandem {
+namespace {
+
+using kernels::DType;
+
+struct Loaded {
+  std::shared_ptr<const gguf::File> file;
+  std::unique_ptr<Model> model;
+};
+
+Loaded load(const std::string& arch, DType dtype) {
+  Loaded l;
+  l.file = std::make_shared<const gguf::File>(gguf::File::open(testing::tiny_model_path(arch, dtype)));
+  l.model = Model::load(l.file);
+  return l;
+}
+
+std::vector<int32_t> tokens(int n, int salt, int64_t n_vocab) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 37 + salt * 101 + 5) % n_vocab));
+  return t;
+}
+
+bool bitwise_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+// Runs one sequence alone through the model, chunk by chunk, and returns the
+// logits of the last token.
+std::vector<float> run_alone(Model& m, const std::vector<int32_t>& toks, const std::vector<int>& chunks, ThreadPool& pool,
+                             bool scatter = false) {
+  const int bs = 4;
+  KvPool kv(m.kv_shape(32, bs, DType::kF16));
+  SimpleBlockAllocator alloc(32);
+  if (scatter) alloc.shuffle(1234);
+  const auto table = alloc.allocate(static_cast<int64_t>((toks.size() + bs - 1) / bs));
+  std::vector<float> logits;
+  size_t start = 0;
+  for (int len : chunks) {
+    Batch b;
+    b.add_sequence(std::span<const int32_t>(toks).subspan(start, static_cast<size_t>(len)), static_cast<int32_t>(start),
+                   table, start + static_cast<size_t>(len) == toks.size());
+    logits = m.forward(b, kv, pool);
+    start += static_cast<size_t>(len);
+  }
+  EXPECT_EQ(start, toks.size());
+  return logits;
+}
+
+class ModelInvariance : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+TEST_P(ModelInvariance, BatchedEqualsAlone) {
+  auto [arch, dtype] = GetParam();
+  Loaded l = load(arch, dtype);
+  Model& m = *l.model;
+  const int64_t V = m.config().n_vocab;
+  ThreadPool pool(2);
+  const std::vector<std::vector<int32_t>> seqs = {tokens(5, 1, V), tokens(13, 2, V), tokens(2, 3, V)};
+  std::vector<std::vector<float>> alone;
+  for (const auto& s : seqs) alone.push_back(run_alone(m, s, {static_cast<int>(s.size())}, pool));
+
+  KvPool kv(m.kv_shape(64, 4, DType::kF16));
+  SimpleBlockAllocator alloc(64);
+  alloc.shuffle(7);
+  Batch b;
+  for (const auto& s : seqs) b.add_sequence(s, 0, alloc.allocate(static_cast<int64_t>((s.size() + 3) / 4)), true);
+  const std::vector<float> batched = m.forward(b, kv, pool);
+  for (size_t i = 0; i < seqs.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(batched.data() + i * static_cast<size_t>(V), alone[i].data(), static_cast<size_t>(V)))
+        << arch << " " << kernels::dtype_name(dtype) << " sequence " << i;
+}
+
+TEST_P(ModelInvariance, ChunkedEqualsWholeAndThreadsDoNotMatter) {
+  auto [arch, dtype] = GetParam();
+  Loaded l = load(arch, dtype);
+  Model& m = *l.model;
+  const std::vector<int32_t> toks = tokens(19, 4, m.config().n_vocab);
+  ThreadPool one(1), two(2);
+  const std::vector<float> whole = run_alone(m, toks, {19}, two);
+  const std::vector<float> chunked = run_alone(m, toks, {7, 5, 7}, two);
+  const std::vector<float> single_thread = run_alone(m, toks, {19}, one);
+  const std::vector<float> token_by_token = run_alone(m, toks, std::vector<int>(19, 1), one);
+  EXPECT_TRUE(bitwise_equal(whole.data(), chunked.data(), whole.size()));
+  EXPECT_TRUE(bitwise_equal(whole.data(), single_thread.data(), whole.size()));
+  EXPECT_TRUE(bitwise_equal(whole.data(), token_by_token.data(), whole.size()));
+}
+
+TEST_P(ModelInvariance, PagedEqualsContiguous) {
+  auto [arch, dtype] = GetParam();
+  Loaded l = load(arch, dtype);
+  ThreadPool pool(2);
+  const std::vector<int32_t> toks = tokens(17, 5, l.model->config().n_vocab);
+  const std::vector<float> ordered = run_alone(*l.model, toks, {9, 8}, pool, false);
+  const std::vector<float> scattered = run_alone(*l.model, toks, {9, 8}, pool, true);
+  EXPECT_TRUE(bitwise_equal(ordered.data(), scattered.data(), ordered.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchsAndTypes, ModelInvariance,
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "qwen3"),
+                                            ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + kernels::dtype_name(std::get<1>(info.param));
+                         });
+
+TEST(Model, PrefillChunksMixWithDecodeTokensOfOtherSequences) {
+  Loaded l = load("llama", DType::kF16);
+  Model& m = *l.model;
+  const int64_t V = m.config().n_vocab;
+  ThreadPool pool(2);
+  const std::vector<int32_t> a = tokens(12, 6, V), b = tokens(9, 7, V);
+  const std::vector<float> a_alone = run_alone(m, a, {12}, pool);
+  const std::vector<float> b_alone = run_alone(m, b, {9}, pool);
+
+  KvPool kv(m.kv_shape(32, 4, DType::kF16));
+  SimpleBlockAllocator alloc(32);
+  const auto ta = alloc.allocate(3), tb = alloc.allocate(3);
+  // Step 1: a's first 11 tokens, b's first 5. Step 2: a's last token (decode)
+  // with b's remaining 4 (a prefill chunk).
+  Batch s1;
+  s1.add_sequence(std::span<const int32_t>(a).subspan(0, 11), 0, ta, false);
+  s1.add_sequence(std::span<const int32_t>(b).subspan(0, 5), 0, tb, false);
+  m.forward(s1, kv, pool);
+  Batch s2;
+  s2.add_sequence(std::span<const int32_t>(a).subspan(11, 1), 11, ta, true);
+  s2.add_sequence(std::span<const int32_t>(b).subspan(5, 4), 5, tb, true);
+  const std::vector<float> out = m.forward(s2, kv, pool);
+  EXPECT_TRUE(bitwise_equal(out.data(), a_alone.data(), static_cast<size_t>(V)));
+  EXPECT_TRUE(bitwise_equal(out.data() + V, b_alone.data(), static_cast<size_t>(V)));
+}
+
+// An independent, deliberately naive forward in double precision (weights
+// dequantized from the file, K/V rounded to f16 like the pool), for one
+// sequence, returning the last token's logits.
+std::vector<double> reference_forward(const gguf::File& f, const ModelConfig& c, const std::vector<int32_t>& toks) {
+  auto tensor = [&](const std::string& name) {
+    const gguf::TensorInfo& t = f.tensor(name);
+    const DType dt = t.type == gguf::TensorType::F32 ? DType::kF32 : t.type == gguf::TensorType::F16 ? DType::kF16
+                                                                 : t.type == gguf::TensorType::BF16 ? DType::kBF16
+                                                                                                    : DType::kQ8_0;
+    std::vector<float> out(t.n_elements());
+    kernels::dequantize_row(dt, t.data, out.data(), static_cast<int64_t>(out.size()));
+    return std::vector<double>(out.begin(), out.end());
+  };
+  auto has = [&](const std::string& name) { return f.find_tensor(name) != nullptr; };
+  const int64_t E = c.n_embd, H = c.n_head, KV = c.n_head_kv, D = c.head_dim, F = c.n_ff;
+  const auto n = static_cast<int64_t>(toks.size());
+  auto matvec = [](const std::vector<double>& w, const std::vector<double>& x, int64_t rows, int64_t cols) {
+    std::vector<double> y(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) y[static_cast<size_t>(r)] += w[static_cast<size_t>(r * cols + k)] * x[static_cast<size_t>(k)];
+    return y;
+  };
+  auto rmsnorm = [&](std::vector<double> x, const std::vector<double>& w, size_t off, size_t len) {
+    double ss = 0;
+    for (size_t i = 0; i < len; ++i) ss += x[off + i] * x[off + i];
+    const double s = 1.0 / std::sqrt(ss / static_cast<double>(len) + c.rms_eps);
+    for (size_t i = 0; i < len; ++i) x[off + i] = x[off + i] * s * w[i];
+    return x;
+  };
+  auto rope = [&](std::vector<double>& v, int64_t heads, int64_t pos) {
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < c.n_rot / 2; ++i) {
+        const double theta = static_cast<double>(pos) * std::pow(static_cast<double>(c.rope_freq_base), -2.0 * static_cast<double>(i) / c.n_rot);
+        const int64_t a = c.rope_neox ? i : 2 * i, b = c.rope_neox ? i + c.n_rot / 2 : 2 * i + 1;
+        const double x0 = v[static_cast<size_t>(h * D + a)], x1 = v[static_cast<size_t>(h * D + b)];
+        v[static_cast<size_t>(h * D + a)] = x0 * std::cos(theta) - x1 * std::sin(theta);
+        v[static_cast<size_t>(h * D + b)] = x0 * std::sin(theta) + x1 * std::cos(theta);
+      }
+  };
+  const std::vector<double> embd = tensor("token_embd.weight");
+  std::vector<std::vector<double>> x(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t)
+    x[static_cast<size_t>(t)].assign(embd.begin() + toks[static_cast<size_t>(t)] * E, embd.begin() + (toks[static_cast<size_t>(t)] + 1) * E);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    const auto wq = tensor(p + "attn_q.weight"), wk = tensor(p + "attn_k.weight"), wv = tensor(p + "attn_v.weight"),
+               wo = tensor(p + "attn_output.weight"), an = tensor(p + "attn_norm.weight"), fn = tensor(p + "ffn_norm.weight"),
+               wg = tensor(p + "ffn_gate.weight"), wu = tensor(p + "ffn_up.weight"), wd = tensor(p + "ffn_down.weight");
+    std::vector<std::vector<double>> q(static_cast<size_t>(n)), k(q.size()), v(q.size());
+    for (int64_t t = 0; t < n; ++t) {
+      const auto xn = rmsnorm(x[static_cast<size_t>(t)], an, 0, static_cast<size_t>(E));
+      auto& qt = q[static_cast<size_t>(t)];
+      auto& kt = k[static_cast<size_t>(t)];
+      auto& vt = v[static_cast<size_t>(t)];
+      qt = matvec(wq, xn, H * D, E);
+      kt = matvec(wk, xn, KV * D, E);
+      vt = matvec(wv, xn, KV * D, E);
+      if (has(p + "attn_q.bias")) {
+        const auto bq = tensor(p + "attn_q.bias"), bk = tensor(p + "attn_k.bias"), bv = tensor(p + "attn_v.bias");
+        for (size_t i = 0; i < qt.size(); ++i) qt[i] += bq[i];
+        for (size_t i = 0; i < kt.size(); ++i) kt[i] += bk[i], vt[i] += bv[i];
+      }
+      if (has(p + "attn_q_norm.weight")) {
+        const auto qn = tensor(p + "attn_q_norm.weight"), kn = tensor(p + "attn_k_norm.weight");
+        for (int64_t h = 0; h < H; ++h) qt = rmsnorm(qt, qn, static_cast<size_t>(h * D), static_cast<size_t>(D));
+        for (int64_t h = 0; h < KV; ++h) kt = rmsnorm(kt, kn, static_cast<size_t>(h * D), static_cast<size_t>(D));
+      }
+      rope(qt, H, t);
+      rope(kt, KV, t);
+      for (auto& e : kt) e = f16_to_f32(f32_to_f16(static_cast<float>(e)));
+      for (auto& e : vt) e = f16_to_f32(f32_to_f16(static_cast<float>(e)));
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<double> attn(static_cast<size_t>(H * D));
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t g = h / (H / KV);
+        std::vector<double> s(static_cast<size_t>(t + 1));
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j <= t; ++j) {
+          double d = 0;
+          for (int64_t i = 0; i < D; ++i) d += q[static_cast<size_t>(t)][static_cast<size_t>(h * D + i)] * k[static_cast<size_t>(j)][static_cast<size_t>(g * D + i)];
+          s[static_cast<size_t>(j)] = d / std::sqrt(static_cast<double>(D));
+          mx = std::max(mx, s[static_cast<size_t>(j)]);
+        }
+        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (int64_t j = 0; j <= t; ++j)
+          for (int64_t i = 0; i < D; ++i)
+            attn[static_cast<size_t>(h * D + i)] += s[static_cast<size_t>(j)] / sum * v[static_cast<size_t>(j)][static_cast<size_t>(g * D + i)];
+      }
+      const auto o = matvec(wo, attn, E, H * D);
+      for (int64_t i = 0; i < E; ++i) x[static_cast<size_t>(t)][static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
+      const auto xn = rmsnorm(x[static_cast<size_t>(t)], fn, 0, static_cast<size_t>(E));
+      auto g = matvec(wg, xn, F, E);
+      const auto u = matvec(wu, xn, F, E);
+      for (int64_t i = 0; i < F; ++i) g[static_cast<size_t>(i)] = g[static_cast<size_t>(i)] / (1 + std::exp(-g[static_cast<size_t>(i)])) * u[static_cast<size_t>(i)];
+      const auto d = matvec(wd, g, E, F);
+      for (int64_t i = 0; i < E; ++i) x[static_cast<size_t>(t)][static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
+    }
+  }
+  const auto xn = rmsnorm(x.back(), tensor("output_norm.weight"), 0, static_cast<size_t>(E));
+  return matvec(tensor(has("output.weight") ? "output.weight" : "token_embd.weight"), xn, c.n_vocab, E);
+}
+
+TEST(Model, MatchesNaiveDoublePrecisionReference) {
+  for (const std::string arch : {"llama", "qwen2", "qwen3"}) {
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      Loaded l = load(arch, dtype);
+      ThreadPool pool(2);
+      const std::vector<int32_t> toks = tokens(9, 8, l.model->config().n_vocab);
+      const std::vector<float> got = run_alone(*l.model, toks, {4, 5}, pool);
+      const std::vector<double> want = reference_forward(*l.file, l.model->config(), toks);
+      double max_abs = 0, max_err = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        max_abs = std::max(max_abs, std::fabs(want[i]));
+        max_err = std::max(max_err, std::fabs(want[i] - got[i]));
+      }
+      // Logits are O(10); f32 accumulation keeps them within 1e-3 relative.
+      EXPECT_LT(max_err, 1e-3 * max_abs) << arch << " " << kernels::dtype_name(dtype);
+      EXPECT_EQ(kernels::argmax(got.data(), static_cast<int64_t>(got.size())),
+                std::max_element(want.begin(), want.end()) - want.begin());
+    }
+  }
+}
+
+TEST(Model, EveryKernelVariantGivesTheSameGreedyTokens) {
+  Loaded l = load("qwen2", DType::kF16);
+  ThreadPool pool(2);
+  const std::vector<int32_t> toks = tokens(11, 9, l.model->config().n_vocab);
+  const kernels::Isa saved = kernels::active_isa();
+  std::vector<float> ref;
+  for (kernels::Isa isa : {kernels::Isa::kScalar, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (!kernels::isa_supported(isa)) continue;
+    kernels::set_active_isa(isa);
+    const std::vector<float> got = run_alone(*l.model, toks, {11}, pool);
+    if (ref.empty()) ref = got;
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], ref[i], 1e-3 * (1 + std::fabs(ref[i]))) << kernels::isa_name(isa);
+  }
+  kernels::set_active_isa(saved);
+}
+
+TEST(Model, RejectsUnsupportedTensorTypeNamingIt) {
+  // A copy of the tiny model with one matrix stored as q4_0.
+  const gguf::File src = gguf::File::open(testing::tiny_model_path("llama", DType::kF32));
+  gguf::Writer w;
+  for (const auto& kv : src.metadata())
+    if (kv.key != "general.alignment") w.set(kv.key, kv.value);
+  for (const auto& t : src.tensors()) {
+    if (t.name == "blk.1.ffn_up.weight") {
+      const uint64_t n_blocks = t.n_elements() / 32;
+      w.add_tensor(t.name, gguf::TensorType::Q4_0, t.dims, std::vector<uint8_t>(n_blocks * 18, 0));
+    } else {
+      w.add_tensor(t.name, t.type, t.dims, std::vector<uint8_t>(t.data, t.data + t.n_bytes));
+    }
+  }
+  auto file = std::make_shared<const gguf::File>(gguf::File::parse(w.to_bytes(), "q4.gguf"));
+  try {
+    Model::load(file);
+    FAIL() << "a q4_0 tensor must be rejected";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("blk.1.ffn_up.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("q4_0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("f32, f16, bf16, q8_0"), std::string::npos) << msg;
+  }
+}
+
+TEST(Model, RejectsUnknownArchitecture) {
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::make_string("mamba"));
+  auto file = std::make_shared<const gguf::File>(gguf::File::parse(w.to_bytes(), "m.gguf"));
+  try {
+    Model::load(file);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mamba"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("llama, qwen2, qwen3"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace tandem
