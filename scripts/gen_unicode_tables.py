@@ -86,7 +86,8 @@ def main():
     if line.strip():
         w(line + "\n")
     w("};\n\n")
-    w("const size_t kNumCodepointRanges = sizeof(kCodepointRanges) / sizeof(kCodepointRanges[0]);\n")
+    w("const size_t kNumCodepointRanges =\n"
+      "    sizeof(kCodepointRanges) / sizeof(kCodepointRanges[0]);\n")
     w("\n}  // namespace tandem::tok\n")
 
 

@@ -14,6 +14,9 @@
 namespace tandem::kernels {
 namespace {
 
+// See kernels_avx512.cpp: the decode GEMV prefetches each weight row ahead.
+constexpr int kPrefetchBytes = 512;
+
 inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
   __m128 hi = _mm256_extractf128_ps(v, 1);
@@ -65,6 +68,7 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
     __m256 xv[T];
     for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x[t] + k);
     for (int r = 0; r < R; ++r) {
+      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + k * L::kBytes) + kPrefetchBytes, _MM_HINT_T0);
       __m256 wv = L::load(w[r] + k * L::kBytes);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
     }

@@ -14,7 +14,14 @@
 namespace tandem::kernels {
 namespace {
 
+// Decode reads each weight row once, so the GEMV is bound by how early the
+// loads are issued: a software prefetch this far ahead of each row's stream
+// took batch-1 generation on the small F16 model from 32 to 46 tokens/s
+// (256: 39, 1024: 45, 2048: 27).
+constexpr int kPrefetchBytes = 512;
+
 struct LoadF32 {
+  static constexpr int kBytes = 4;
   static __m512 load(const uint8_t* row, int64_t k) {
     return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
   }
@@ -24,6 +31,7 @@ struct LoadF32 {
 };
 
 struct LoadF16 {
+  static constexpr int kBytes = 2;
   static __m512 load(const uint8_t* row, int64_t k) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
   }
@@ -33,6 +41,7 @@ struct LoadF16 {
 };
 
 struct LoadBF16 {
+  static constexpr int kBytes = 2;
   static __m512 widen(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
@@ -58,6 +67,7 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
     __m512 xv[T];
     for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x[t] + k);
     for (int r = 0; r < R; ++r) {
+      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + L::kBytes * k) + kPrefetchBytes, _MM_HINT_T0);
       __m512 wv = L::load(w[r], k);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
     }

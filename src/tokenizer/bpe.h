@@ -27,7 +27,7 @@ class BpeModel {
     int32_t result;  // id of left+right, or -1 if that text is not a token
   };
   static uint64_t key(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    return (uint64_t{static_cast<uint32_t>(left)} << 32) | static_cast<uint32_t>(right);
   }
 
   const TokenIndex& index_;

@@ -7,7 +7,8 @@
 namespace tandem {
 
 std::string_view demo_corpus() {
-  return R"corpus(The kettle clicked off just as the rain started, so I poured the tea and sat by the window.
+  return R"corpus(The kettle clicked off just as the rain started, so I poured the tea and sat by
+the window.
 On Monday we bought three apples, two loaves of bread, a dozen eggs and a bag of rice for $12.40.
 The bus to the station leaves at 7:15 in the morning and again at 6:45 in the evening.
 She said, "Don't forget your umbrella!" and I said I wouldn't, but of course I did.

@@ -238,8 +238,8 @@ void run_pass(SplitPass pass, Fragment& f) {
       return;
     case SplitPass::kAsciiDigitTriples:
       isolate(f, [&](size_t pos) -> size_t {
-        const bool triple =
-            is_ascii_digit(f.cp(pos)) && is_ascii_digit(f.cp(pos + 1)) && is_ascii_digit(f.cp(pos + 2));
+        const bool triple = is_ascii_digit(f.cp(pos)) && is_ascii_digit(f.cp(pos + 1)) &&
+                            is_ascii_digit(f.cp(pos + 2));
         return triple ? 3 : 0;
       });
       return;

@@ -1,7 +1,7 @@
 // Tokenizers built from GGUF metadata, as llama.cpp reads them:
 //  - tokenizer.ggml.model = "gpt2": byte-level BPE with ranked merges and a
-//    pre-tokenizer chosen by tokenizer.ggml.pre (gpt-2 / default, llama-bpe
-//    (Llama 3), qwen2, ...);
+//    pre-tokenizer chosen by tokenizer.ggml.pre (gpt-2, llama-bpe (Llama 3),
+//    qwen2, llama.cpp's "default" when the key is missing, ...);
 //  - tokenizer.ggml.model = "llama": SentencePiece-style BPE driven by token
 //    scores, with "\u2581" for spaces and <0xXX> byte fallback.
 #pragma once

@@ -334,6 +334,7 @@ const CodepointRange kCodepointRanges[] = {
   {0x30000, 0x3134A, kLetter}, {0x31350, 0x323AF, kLetter},
 };
 
-const size_t kNumCodepointRanges = sizeof(kCodepointRanges) / sizeof(kCodepointRanges[0]);
+const size_t kNumCodepointRanges =
+    sizeof(kCodepointRanges) / sizeof(kCodepointRanges[0]);
 
 }  // namespace tandem::tok

@@ -104,7 +104,8 @@ VocabData vocab_from_gguf(const gguf::File& file) {
   v.add_space_prefix = file.get_bool_or("tokenizer.ggml.add_space_prefix", v.add_space_prefix);
   std::string name = file.get_string_or("general.name", "");
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  v.special_rstrip = name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos;
+  v.special_rstrip =
+      name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos;
   v.add_bos = file.get_bool_or("tokenizer.ggml.add_bos_token", v.add_bos);
   v.add_eos = file.get_bool_or("tokenizer.ggml.add_eos_token", v.add_eos);
 
