@@ -3,6 +3,8 @@
 # tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Paths relative to the checkout let ccache hit across clones in different folders.
+export CCACHE_BASEDIR="$PWD"
 jobs="$(nproc)"
 
 echo "== release build and tests"

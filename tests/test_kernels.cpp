@@ -30,16 +30,6 @@ const IsaKernels& table(Isa i) {
   return i == Isa::kAvx512 ? kAvx512Kernels : i == Isa::kAvx2 ? kAvx2Kernels : kScalarKernels;
 }
 
-GemmFn gemm_of(const IsaKernels& k, DType t) {
-  switch (t) {
-    case DType::kF32: return k.gemm_f32;
-    case DType::kF16: return k.gemm_f16;
-    case DType::kBF16: return k.gemm_bf16;
-    case DType::kQ8_0: return k.gemm_q8_0;
-  }
-  return nullptr;
-}
-
 struct Problem {
   DType type;
   int64_t rows, cols, tokens;
@@ -74,7 +64,7 @@ struct Problem {
 
   std::vector<float> run(Isa isa) const {
     std::vector<float> y(static_cast<size_t>(tokens * rows), NAN);
-    gemm_of(table(isa), type)(args(y.data()), 0, rows);
+    gemm_for(table(isa), type)(args(y.data()), 0, rows);
     return y;
   }
 
@@ -163,9 +153,9 @@ TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
         if (t == DType::kQ8_0) single.xq.assign(p.xq.begin() + tok * p.cols / 32, p.xq.begin() + (tok + 1) * p.cols / 32);
         std::vector<float> y(static_cast<size_t>(p.rows), NAN);
         const GemmArgs a = single.args(y.data());
-        gemm_of(table(isa), t)(a, 0, 19);
-        gemm_of(table(isa), t)(a, 19, 20);
-        gemm_of(table(isa), t)(a, 20, p.rows);
+        gemm_for(table(isa), t)(a, 0, 19);
+        gemm_for(table(isa), t)(a, 19, 20);
+        gemm_for(table(isa), t)(a, 20, p.rows);
         for (int64_t r = 0; r < p.rows; ++r)
           ASSERT_EQ(std::memcmp(&y[static_cast<size_t>(r)], &all[static_cast<size_t>(tok * p.rows + r)], 4), 0)
               << isa_name(isa) << " " << dtype_name(t) << " token " << tok << " row " << r;

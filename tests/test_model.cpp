@@ -45,9 +45,9 @@ bool bitwise_equal(const float* a, const float* b, size_t n) { return std::memcm
 // Runs one sequence alone through the model, chunk by chunk, and returns the
 // logits of the last token.
 std::vector<float> run_alone(Model& m, const std::vector<int32_t>& toks, const std::vector<int>& chunks, ThreadPool& pool,
-                             bool scatter = false) {
+                             bool scatter = false, DType kv_dtype = DType::kF16) {
   const int bs = 4;
-  KvPool kv(m.kv_shape(32, bs, DType::kF16));
+  KvPool kv(m.kv_shape(32, bs, kv_dtype));
   SimpleBlockAllocator alloc(32);
   if (scatter) alloc.shuffle(1234);
   const auto table = alloc.allocate(static_cast<int64_t>((toks.size() + bs - 1) / bs));
@@ -118,6 +118,20 @@ INSTANTIATE_TEST_SUITE_P(AllArchsAndTypes, ModelInvariance,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + kernels::dtype_name(std::get<1>(info.param));
                          });
+
+TEST(Model, EveryKvDtypeIsChunkInvariantAndCloseToF32) {
+  Loaded l = load("llama", DType::kF32);
+  ThreadPool pool(2);
+  const std::vector<int32_t> toks = tokens(15, 10, l.model->config().n_vocab);
+  const std::vector<float> f32 = run_alone(*l.model, toks, {15}, pool, false, DType::kF32);
+  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const std::vector<float> whole = run_alone(*l.model, toks, {15}, pool, false, kv);
+    const std::vector<float> chunked = run_alone(*l.model, toks, {6, 1, 8}, pool, true, kv);
+    EXPECT_TRUE(bitwise_equal(whole.data(), chunked.data(), whole.size())) << kernels::dtype_name(kv);
+    // Rounding K/V to 16 bits moves logits (O(10)) by far less than 0.5.
+    for (size_t i = 0; i < whole.size(); ++i) ASSERT_NEAR(whole[i], f32[i], 0.5) << kernels::dtype_name(kv);
+  }
+}
 
 TEST(Model, PrefillChunksMixWithDecodeTokensOfOtherSequences) {
   Loaded l = load("llama", DType::kF16);

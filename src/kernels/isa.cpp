@@ -68,6 +68,16 @@ void set_active_isa(Isa isa) {
   active_slot().store(static_cast<int>(isa), std::memory_order_relaxed);
 }
 
+GemmFn gemm_for(const IsaKernels& k, DType t) {
+  switch (t) {
+    case DType::kF32: return k.gemm_f32;
+    case DType::kF16: return k.gemm_f16;
+    case DType::kBF16: return k.gemm_bf16;
+    case DType::kQ8_0: return k.gemm_q8_0;
+  }
+  return nullptr;
+}
+
 const IsaKernels& active_kernels() {
   switch (active_isa()) {
     case Isa::kAvx512: return kAvx512Kernels;

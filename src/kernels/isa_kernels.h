@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/dtype.h"
 #include "kernels/isa.h"
 
 namespace tandem::kernels {
@@ -62,5 +63,8 @@ extern const IsaKernels kAvx2Kernels;
 extern const IsaKernels kAvx512Kernels;
 
 const IsaKernels& active_kernels();
+
+// The GEMM entry point of a table for a weight type.
+GemmFn gemm_for(const IsaKernels& kernels, DType type);
 
 }  // namespace tandem::kernels

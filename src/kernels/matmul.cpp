@@ -11,16 +11,6 @@
 namespace tandem::kernels {
 namespace {
 
-GemmFn gemm_for(const IsaKernels& k, DType t) {
-  switch (t) {
-    case DType::kF32: return k.gemm_f32;
-    case DType::kF16: return k.gemm_f16;
-    case DType::kBF16: return k.gemm_bf16;
-    case DType::kQ8_0: return k.gemm_q8_0;
-  }
-  return nullptr;
-}
-
 // Rows handed to a thread are multiples of this, so decode tiles stay whole.
 constexpr int64_t kRowGrain = 8;
 constexpr size_t kMaxOutputs = 8;

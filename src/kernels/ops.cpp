@@ -139,32 +139,33 @@ void convert_row(const float* x, DType t, uint8_t* out, int64_t n) {
   }
 }
 
+namespace {
+
+// One block of 32: scale d = max|x| / 127 and q = round(x / d), as llama.cpp's
+// reference quantizer does. Returns d.
+float quantize_block_32(const float* x, int8_t* q) {
+  float amax = 0.0f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(std::lround(x[i] * id));
+  return d;
+}
+
+}  // namespace
+
 void quantize_row_q8_0_weights(const float* x, uint8_t* out, int64_t n) {
   TANDEM_ASSERT(n % 32 == 0);
   for (int64_t b = 0; b < n / 32; ++b) {
-    const float* xb = x + b * 32;
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
     BlockQ8_0 blk;
-    blk.d = f32_to_f16(d);
-    for (int i = 0; i < 32; ++i) blk.qs[i] = static_cast<int8_t>(std::lround(xb[i] * id));
+    blk.d = f32_to_f16(quantize_block_32(x + b * 32, blk.qs));
     std::memcpy(out + b * sizeof(BlockQ8_0), &blk, sizeof blk);
   }
 }
 
 void quantize_row_q8_0(const float* x, BlockQ8_0Act* out, int64_t n) {
   TANDEM_ASSERT(n % 32 == 0);
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const float* xb = x + b * 32;
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    out[b].d = d;
-    for (int i = 0; i < 32; ++i) out[b].qs[i] = static_cast<int8_t>(std::lround(xb[i] * id));
-  }
+  for (int64_t b = 0; b < n / 32; ++b) out[b].d = quantize_block_32(x + b * 32, out[b].qs);
 }
 
 }  // namespace tandem::kernels
