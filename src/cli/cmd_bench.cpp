@@ -11,6 +11,7 @@
 #include "gguf/gguf.h"
 #include "kernels/isa.h"
 #include "kernels/memory_bandwidth.h"
+#include "loadgen/loadgen.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -174,6 +175,44 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache type")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd->add_flag("--json", a->json, "Print the figures as one JSON object");
   cmd->callback([a] { run_bench_model(*a); });
+
+  struct ServeArgs {
+    loadgen::LoadConfig config;
+    bool json = false;
+    bool no_stream = false;
+  };
+  auto s = std::make_shared<ServeArgs>();
+  CLI::App* serve = bench->add_subcommand(
+      "serve", "Load an OpenAI-compatible server (tandem, llama.cpp, vLLM) over a concurrency sweep");
+  serve->add_option("--url", s->config.url, "Server base URL");
+  serve->add_option("--model", s->config.model, "Model id (default: the first from /v1/models)");
+  serve->add_option("--api-key", s->config.api_key, "Bearer token");
+  serve->add_option("--endpoint", s->config.endpoint, "API")->check(CLI::IsMember({"completions", "chat"}));
+  serve->add_option("-c,--concurrency", s->config.concurrency, "Concurrency levels, e.g. 1,4,16,64")->delimiter(',');
+  serve->add_option("--requests", s->config.requests_per_level, "Requests per level (0: 4 x concurrency, at least 8)");
+  serve->add_option("--input-len", s->config.input_words, "Prompt length in words (about a token each)")
+      ->check(CLI::Range(1, 1 << 20));
+  serve->add_option("--output-len", s->config.output_tokens, "max_tokens per request")->check(CLI::Range(1, 1 << 20));
+  serve->add_option("--jitter", s->config.jitter, "Random +/- fraction on both lengths")->check(CLI::Range(0.0, 0.9));
+  serve->add_option("--shared-prefix", s->config.shared_prefix_words, "Words shared by every prompt's start");
+  serve->add_option("-n", s->config.n, "Sequences per request")->check(CLI::Range(1, 64));
+  serve->add_option("--best-of", s->config.best_of, "best_of (0: not sent)")->check(CLI::Range(0, 64));
+  serve->add_option("--temperature", s->config.temperature, "Sampling temperature");
+  serve->add_option("--seed", s->config.seed, "Prompt generator seed");
+  serve->add_option("--max-p99-e2e", s->config.max_p99_e2e_s, "Stop after a level whose p99 latency exceeds this (s)");
+  serve->add_option("--timeout", s->config.timeout_s, "Per-request timeout (s)");
+  serve->add_flag("--no-stream", s->no_stream, "Non-streaming requests (TTFT then equals e2e)");
+  serve->add_flag("--json", s->json, "Print the results as JSON");
+  serve->callback([s] {
+    loadgen::LoadConfig c = s->config;
+    c.stream = !s->no_stream;
+    const auto results = loadgen::run_sweep(c, [](const std::string& line) {
+      std::fprintf(stderr, "\r%-78s", line.c_str());
+      std::fflush(stderr);
+    });
+    std::fputc('\n', stderr);
+    std::fputs((s->json ? loadgen::results_to_json(c, results) + "\n" : loadgen::results_to_table(results)).c_str(), stdout);
+  });
 }
 
 }  // namespace tandem::cli

@@ -9,5 +9,6 @@ namespace tandem::cli {
 void add_make_model(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_serve(CLI::App& app);
 
 }  // namespace tandem::cli

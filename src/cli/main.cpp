@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_make_model(app);
   tandem::cli::add_generate(app);
   tandem::cli::add_bench(app);
+  tandem::cli::add_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

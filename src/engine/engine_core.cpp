@@ -1,0 +1,373 @@
+#include "engine/engine_core.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include "engine/stop_checker.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace tandem {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "";
+}
+
+struct EngineCore::SeqState : Sequence {
+  RequestState* owner = nullptr;
+  IncrementalDetokenizer detok;
+  StopChecker stop;
+  SequenceDelta pending;
+  bool reported_finish = false;
+  int32_t n_generated = 0;
+  double cumulative_logprob = 0;
+
+  SeqState(const Tokenizer& tok, const SamplingParams& p)
+      : detok(tok), stop(p.stop, p.include_stop_str_in_output) {}
+};
+
+struct EngineCore::RequestState {
+  EngineRequest req;
+  std::vector<SequenceSampler> samplers;  // one per sibling (best_of)
+  std::vector<std::unique_ptr<SeqState>> seqs;
+  bool forked = false;  // the prompt is computed and the siblings exist
+  bool cached_reported = false;
+  int32_t cached_tokens = 0;
+  bool touched = false;
+  int64_t arrival_ns = 0;
+  int64_t first_token_ns = 0;
+};
+
+EngineCore::EngineCore(Model& model, const Tokenizer& tokenizer, const EngineConfig& config)
+    : model_(model), tokenizer_(tokenizer), config_(config) {
+  const ModelConfig& mc = model.config();
+  max_model_len_ = config.max_model_len > 0 ? std::min<int64_t>(config.max_model_len, mc.n_ctx_train) : mc.n_ctx_train;
+  KvPoolShape shape = model.kv_shape(1, config.block_size, config.kv_dtype);
+  n_blocks_ = std::max<int64_t>(1, config.kv_cache_bytes / static_cast<int64_t>(KvPool::bytes_per_block(shape)));
+  shape.n_blocks = n_blocks_;
+  pool_ = std::make_unique<ThreadPool>(config.threads);
+  kv_ = std::make_unique<KvPool>(shape);
+  BlockManagerConfig bc;
+  bc.n_blocks = n_blocks_;
+  bc.block_size = config.block_size;
+  bc.enable_prefix_caching = config.enable_prefix_caching;
+  bc.salt = std::hash<std::string>{}(mc.arch + "/" + mc.name + "/" + std::to_string(mc.n_vocab) + "/" +
+                                     std::to_string(mc.n_layer) + "/" + kernels::dtype_name(config.kv_dtype));
+  blocks_ = std::make_unique<BlockManager>(bc);
+  scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs}, *blocks_);
+  metrics_.kv_blocks_total = n_blocks_;
+  kv_stats_ = blocks_->stats();
+}
+
+EngineCore::~EngineCore() { stop(); }
+
+void EngineCore::start() {
+  if (running_.exchange(true)) return;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void EngineCore::stop() {
+  if (!running_.exchange(false)) return;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::optional<std::string> EngineCore::add_request(EngineRequest request, bool* queue_full) {
+  if (queue_full != nullptr) *queue_full = false;
+  const SamplingParams& p = request.params;
+  const auto n_prompt = static_cast<int64_t>(request.prompt.size());
+  if (n_prompt == 0) return std::string("the prompt is empty");
+  if (std::string err = p.validate(model_.config().n_vocab); !err.empty()) return err;
+  for (int32_t t : request.prompt)
+    if (t < 0 || t >= model_.config().n_vocab)
+      return "prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+             std::to_string(model_.config().n_vocab) + ")";
+  if (n_prompt + p.max_tokens > max_model_len_)
+    return "this model's maximum context length is " + std::to_string(max_model_len_) + " tokens, but " +
+           std::to_string(n_prompt + p.max_tokens) + " were requested (" + std::to_string(n_prompt) +
+           " in the prompt, " + std::to_string(p.max_tokens) + " in the completion); shorten the prompt or lower max_tokens";
+  // Worst case without any prefix sharing beyond the prompt: the prompt once,
+  // and every sibling's output in its own blocks (plus a copied last block).
+  const int64_t bs = config_.block_size;
+  const int64_t need = (n_prompt + p.max_tokens + bs - 1) / bs + (p.best_of - 1) * ((p.max_tokens + bs - 1) / bs + 1);
+  if (need > n_blocks_)
+    return "the request needs up to " + std::to_string(need) + " KV blocks but the cache holds " +
+           std::to_string(n_blocks_) + "; lower max_tokens, n or best_of, or give the server more KV cache memory";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t queued = static_cast<int64_t>(pending_adds_.size()) + metrics_.waiting.load();
+    if (queued >= config_.max_waiting_requests) {
+      if (queue_full != nullptr) *queue_full = true;
+      return "the server's admission queue is full (" + std::to_string(config_.max_waiting_requests) +
+             " waiting requests); retry later";
+    }
+    pending_adds_.push_back(std::move(request));
+  }
+  cv_.notify_all();
+  return std::nullopt;
+}
+
+void EngineCore::abort_request(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_aborts_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+bool EngineCore::has_work() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_->has_work() || !pending_adds_.empty() || !pending_aborts_.empty();
+}
+
+BlockManagerStats EngineCore::kv_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kv_stats_;
+}
+
+void EngineCore::loop() {
+  while (running_.load(std::memory_order_acquire)) {
+    heartbeat_.fetch_add(1, std::memory_order_acq_rel);
+    if (step()) continue;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(config_.idle_wait_ms), [&] {
+      return !pending_adds_.empty() || !pending_aborts_.empty() || !running_.load(std::memory_order_acquire);
+    });
+  }
+}
+
+void EngineCore::drain_inputs() {
+  std::deque<EngineRequest> adds;
+  std::vector<uint64_t> aborts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    adds.swap(pending_adds_);
+    aborts.swap(pending_aborts_);
+  }
+  for (auto& r : adds) admit(std::move(r));
+  for (uint64_t id : aborts) abort_now(id);
+}
+
+void EngineCore::admit(EngineRequest&& req) {
+  auto r = std::make_unique<RequestState>();
+  r->arrival_ns = monotonic_ns();
+  const SamplingParams& p = req.params;
+  static std::atomic<uint64_t> entropy_counter{0};
+  const uint64_t entropy = std::random_device{}() ^ (entropy_counter.fetch_add(1) * 0x9e3779b97f4a7c15ull);
+  for (int32_t i = 0; i < p.best_of; ++i)
+    r->samplers.emplace_back(p, SequenceSampler::derive_seed(p, i, entropy), req.prompt);
+  auto s = std::make_unique<SeqState>(tokenizer_, p);
+  s->owner = r.get();
+  s->request_id = req.id;
+  s->index = 0;
+  s->arrival = arrivals_++;
+  s->tokens = req.prompt;
+  s->n_prompt = static_cast<int32_t>(req.prompt.size());
+  metrics_.prompt_tokens += s->n_prompt;
+  r->req = std::move(req);
+  scheduler_->add_waiting(s.get());
+  r->seqs.push_back(std::move(s));
+  const uint64_t id = r->req.id;
+  TANDEM_ASSERT(requests_.count(id) == 0, "request ids must be unique");
+  requests_[id] = std::move(r);
+}
+
+void EngineCore::abort_now(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;  // finished already, or never admitted
+  RequestState& r = *it->second;
+  for (auto& s : r.seqs) {
+    if (!s->finished) {
+      scheduler_->remove(s.get());
+      s->finished = true;
+      s->pending.finish = FinishReason::kAbort;
+    }
+  }
+  emit(r);
+  ++metrics_.requests_aborted;
+  requests_.erase(it);
+}
+
+void EngineCore::finish_sequence(RequestState& r, SeqState& s, FinishReason reason, std::string stop_reason) {
+  s.finished = true;
+  s.pending.finish = reason;
+  s.pending.stop_reason = std::move(stop_reason);
+  scheduler_->remove(&s);
+  r.touched = true;
+}
+
+void EngineCore::append_token(RequestState& r, SeqState& s, const SampleResult& sample) {
+  const SamplingParams& p = r.req.params;
+  const int32_t tok = sample.token;
+  s.tokens.push_back(tok);
+  r.samplers[static_cast<size_t>(s.index)].accept(tok);
+  s.cumulative_logprob += sample.logprob;
+  ++s.n_generated;
+  ++metrics_.generation_tokens;
+  s.pending.tokens.push_back(tok);
+  if (p.logprobs >= 0) s.pending.logprobs.push_back(sample);
+  r.touched = true;
+
+  if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end())
+    return finish_sequence(r, s, FinishReason::kStop, std::to_string(tok));
+  if (!p.ignore_eos && tokenizer_.is_end_of_generation(tok)) return finish_sequence(r, s, FinishReason::kStop);
+  StopChecker::Result res = s.stop.push(s.detok.push(tok));
+  s.pending.text += res.text;
+  if (res.stopped) return finish_sequence(r, s, FinishReason::kStop, res.matched);
+  if (s.n_generated >= p.max_tokens || static_cast<int64_t>(s.tokens.size()) >= max_model_len_) {
+    StopChecker::Result tail = s.stop.push(s.detok.flush());
+    s.pending.text += tail.text;
+    if (tail.stopped) return finish_sequence(r, s, FinishReason::kStop, tail.matched);
+    s.pending.text += s.stop.flush();
+    return finish_sequence(r, s, FinishReason::kLength);
+  }
+}
+
+void EngineCore::process_logits(SeqState& s, const float* logits, std::vector<RequestState*>& touched) {
+  RequestState& r = *s.owner;
+  const std::span<const float> row(logits, static_cast<size_t>(model_.config().n_vocab));
+  if (!r.touched) touched.push_back(&r);
+  r.touched = true;
+  if (r.forked) {
+    append_token(r, s, r.samplers[static_cast<size_t>(s.index)].sample(row));
+    return;
+  }
+  // The prompt is computed: every sibling samples its first token from these
+  // logits, and siblings 1.. fork the block table by reference.
+  TANDEM_ASSERT(s.index == 0 && r.seqs.size() == 1);
+  r.forked = true;
+  r.first_token_ns = monotonic_ns();
+  metrics_.ttft_s.observe(static_cast<double>(r.first_token_ns - r.arrival_ns) * 1e-9);
+  const int32_t best_of = r.req.params.best_of;
+  std::vector<SampleResult> firsts;
+  for (int32_t i = 0; i < best_of; ++i) firsts.push_back(r.samplers[static_cast<size_t>(i)].sample(row));
+  for (int32_t i = 1; i < best_of; ++i) {
+    auto child = std::make_unique<SeqState>(tokenizer_, r.req.params);
+    child->owner = &r;
+    child->request_id = s.request_id;
+    child->index = i;
+    child->arrival = s.arrival;
+    child->tokens = s.tokens;
+    child->n_prompt = s.n_prompt;
+    child->n_computed = s.n_computed;
+    child->blocks = s.blocks;
+    child->hashes = s.hashes;
+    for (int32_t b : child->blocks) blocks_->add_ref(b);
+    scheduler_->add_running_after(child.get(), &s);
+    r.seqs.push_back(std::move(child));
+  }
+  for (int32_t i = 0; i < best_of; ++i) append_token(r, *r.seqs[static_cast<size_t>(i)], firsts[static_cast<size_t>(i)]);
+}
+
+void EngineCore::emit(RequestState& r) {
+  RequestOutput out;
+  out.request_id = r.req.id;
+  out.step = step_.load(std::memory_order_relaxed);
+  out.prompt_tokens = static_cast<int32_t>(r.req.prompt.size());
+  out.cached_tokens = r.cached_tokens;
+  bool all_finished = true;
+  for (auto& s : r.seqs) {
+    all_finished &= s->finished;
+    const bool news = !s->pending.tokens.empty() || !s->pending.text.empty() ||
+                      (s->finished && !s->reported_finish);
+    if (!news) continue;
+    s->pending.index = s->index;
+    s->pending.cumulative_logprob = s->cumulative_logprob;
+    if (s->finished) s->reported_finish = true;
+    out.sequences.push_back(std::move(s->pending));
+    s->pending = SequenceDelta{};
+  }
+  // Before the fork only sibling 0 exists, and it can only have finished by
+  // an abort; after it every sibling exists. Either way: done when all are.
+  out.finished = all_finished;
+  if (out.finished && r.first_token_ns > 0) {
+    const int64_t now = monotonic_ns();
+    metrics_.e2e_s.observe(static_cast<double>(now - r.arrival_ns) * 1e-9);
+    int32_t generated = 0;
+    for (auto& s : r.seqs) generated = std::max(generated, s->n_generated);
+    if (generated > 1) metrics_.tpot_s.observe(static_cast<double>(now - r.first_token_ns) * 1e-9 / (generated - 1));
+  }
+  if (r.req.sink) r.req.sink(std::move(out));
+}
+
+bool EngineCore::step() {
+  drain_inputs();
+  if (!scheduler_->has_work()) return false;
+  Stopwatch step_sw;
+  const uint64_t step_no = step_.load(std::memory_order_relaxed) + 1;
+  SchedulerOutput out = scheduler_->schedule();
+  const auto schedule_ns = static_cast<int64_t>(step_sw.elapsed_s() * 1e9);
+  metrics_.preemptions += out.n_preempted;
+  TANDEM_ASSERT(!out.chunks.empty(), "a scheduler with work must schedule something (admission bounds requests)");
+
+  for (const auto& [from, to] : out.block_copies)
+    std::memcpy(kv_->block(to), kv_->block(from), kv_->block_bytes());
+
+  Batch batch;
+  for (const ScheduledChunk& c : out.chunks) {
+    batch.add_sequence(std::span<const int32_t>(c.seq->tokens).subspan(static_cast<size_t>(c.start), static_cast<size_t>(c.length)),
+                       static_cast<int32_t>(c.start), c.seq->blocks, c.want_logits);
+    auto* s = static_cast<SeqState*>(c.seq);
+    if (s->index == 0 && !s->owner->forked && !s->owner->cached_reported) {
+      // The first chunk of a prompt starts after its cached prefix.
+      s->owner->cached_reported = true;
+      s->owner->cached_tokens = static_cast<int32_t>(c.start);
+    }
+  }
+  const int64_t n_vocab = model_.config().n_vocab;
+  logits_.resize(batch.logit_rows.size() * static_cast<size_t>(n_vocab));
+  model_.forward(batch, *kv_, *pool_, logits_.data());
+  scheduler_->on_computed(out);
+  step_.store(step_no, std::memory_order_release);
+
+  std::vector<RequestState*> touched;
+  size_t row = 0;
+  for (const ScheduledChunk& c : out.chunks) {
+    if (!c.want_logits) continue;
+    auto* s = static_cast<SeqState*>(c.seq);
+    process_logits(*s, logits_.data() + row * static_cast<size_t>(n_vocab), touched);
+    ++row;
+  }
+  std::vector<uint64_t> done;
+  for (RequestState* r : touched) {
+    r->touched = false;
+    emit(*r);
+    bool all = r->forked;
+    for (auto& s : r->seqs) all &= s->finished;
+    if (all) done.push_back(r->req.id);
+  }
+  for (uint64_t id : done) {
+    requests_.erase(id);
+    ++metrics_.requests_finished;
+  }
+
+  const BlockManagerStats st = blocks_->stats();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_stats_ = st;
+  }
+  metrics_.running = scheduler_->n_running();
+  metrics_.waiting = scheduler_->n_waiting();
+  metrics_.kv_blocks_used = st.owned;
+  metrics_.kv_blocks_cached = st.cached;
+  metrics_.prefix_query_tokens = st.prefix_queries_tokens;
+  metrics_.prefix_hit_tokens = st.prefix_hits_tokens;
+  metrics_.steps = static_cast<int64_t>(step_no);
+  metrics_.step_time_ns_total += static_cast<int64_t>(step_sw.elapsed_s() * 1e9);
+  metrics_.schedule_time_ns_total += schedule_ns;
+  return true;
+}
+
+}  // namespace tandem

@@ -1,0 +1,120 @@
+// The engine core: one loop that owns the scheduler, the KV blocks and the
+// model, and talks to the outside only through a bounded input queue (new
+// requests, aborts) and per-request output sinks.
+//
+// Each step: apply aborts, schedule, run one forward over the flat batch,
+// sample, detokenize and apply stop conditions, emit outputs, release what
+// finished. The loop keeps stepping while any work is pending and otherwise
+// waits for input with a bounded wait, so a request arriving after an idle
+// period starts at once and /health can tell a live loop from a stuck one.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/metrics.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "kernels/dtype.h"
+#include "kv/block_manager.h"
+#include "kv/kv_pool.h"
+
+namespace tandem {
+
+class Model;
+class Tokenizer;
+class ThreadPool;
+
+struct EngineConfig {
+  int64_t max_num_batched_tokens = 512;
+  int64_t max_num_seqs = 64;
+  int64_t max_waiting_requests = 256;  // admission queue bound (beyond it: rejected)
+  int64_t kv_cache_bytes = int64_t{1} << 30;
+  int block_size = 16;
+  kernels::DType kv_dtype = kernels::DType::kF16;
+  bool enable_prefix_caching = true;
+  int64_t max_model_len = 0;  // 0 = the model's training context
+  int threads = 0;            // 0 = one per core
+  int idle_wait_ms = 50;      // bounded wait of an idle loop
+};
+
+class EngineCore {
+ public:
+  EngineCore(Model& model, const Tokenizer& tokenizer, const EngineConfig& config);
+  ~EngineCore();
+  EngineCore(const EngineCore&) = delete;
+  EngineCore& operator=(const EngineCore&) = delete;
+
+  // Runs the loop on its own thread until stop().
+  void start();
+  void stop();
+
+  // Thread-safe. Returns an error message (and takes nothing) when the request
+  // can never be served (too long for the context or the KV pool) or the
+  // admission queue is full; `*queue_full` tells the two apart.
+  std::optional<std::string> add_request(EngineRequest request, bool* queue_full = nullptr);
+  // Thread-safe; idempotent; an unknown or finished id is ignored.
+  void abort_request(uint64_t id);
+
+  // Without a thread (tests): runs one step if there is work. Returns whether it did.
+  bool step();
+  bool has_work() const;
+
+  // Incremented by every loop iteration, busy or idle.
+  uint64_t heartbeat() const { return heartbeat_.load(std::memory_order_acquire); }
+  uint64_t steps() const { return step_.load(std::memory_order_acquire); }
+  const EngineMetrics& metrics() const { return metrics_; }
+  int64_t max_model_len() const { return max_model_len_; }
+  int64_t n_kv_blocks() const { return n_blocks_; }
+  int64_t max_waiting_requests() const { return config_.max_waiting_requests; }
+  // Snapshot of the KV accounting (taken on the engine thread between steps).
+  BlockManagerStats kv_stats() const;
+
+ private:
+  struct SeqState;
+  struct RequestState;
+
+  void loop();
+  void drain_inputs();
+  void admit(EngineRequest&& req);
+  void abort_now(uint64_t id);
+  void process_logits(SeqState& s, const float* logits, std::vector<RequestState*>& touched);
+  void append_token(RequestState& r, SeqState& s, const SampleResult& sample);
+  void finish_sequence(RequestState& r, SeqState& s, FinishReason reason, std::string stop_reason = {});
+  void emit(RequestState& r);
+
+  Model& model_;
+  const Tokenizer& tokenizer_;
+  EngineConfig config_;
+  int64_t max_model_len_ = 0;
+  int64_t n_blocks_ = 0;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<KvPool> kv_;
+  std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::map<uint64_t, std::unique_ptr<RequestState>> requests_;  // live requests
+  uint64_t arrivals_ = 0;
+  std::vector<float> logits_;
+
+  mutable std::mutex mu_;  // guards the input queues and kv_stats_
+  std::condition_variable cv_;
+  std::deque<EngineRequest> pending_adds_;
+  std::vector<uint64_t> pending_aborts_;
+  BlockManagerStats kv_stats_;
+  std::atomic<bool> running_{false};
+  std::thread thread_;
+  std::atomic<uint64_t> heartbeat_{0};
+  std::atomic<uint64_t> step_{0};
+  EngineMetrics metrics_;
+};
+
+}  // namespace tandem

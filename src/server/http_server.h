@@ -1,0 +1,78 @@
+// The OpenAI-compatible HTTP front end of one instance (role "both").
+//
+// Endpoints: POST /v1/completions, POST /v1/chat/completions (streaming with
+// server-sent events or not), GET /v1/models, POST /tokenize, POST
+// /detokenize, GET /health, GET /metrics. Each request is parsed and
+// validated here, submitted to the engine core, and its outputs relayed from
+// a per-request channel. Every wait here has a deadline; a client that goes
+// away has its request aborted, freeing its KV blocks in the engine's next
+// step.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "server/chat_template.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace tandem {
+class EngineCore;
+class Model;
+class Tokenizer;
+}  // namespace tandem
+
+namespace tandem::server {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8000;                 // 0: any free port (see bind())
+  std::string api_key;             // empty: no authentication
+  std::string served_model_name;   // the id clients send as "model"
+  std::string chat_template;       // --chat-template family override (empty: detect)
+  int http_threads = 128;          // concurrent connections served
+  int64_t max_body_bytes = 16 << 20;
+  int output_timeout_s = 300;      // longest wait for the engine's next output of a request
+  int health_timeout_ms = 2000;    // the engine loop must tick within this for /health to say 200
+  int keepalive_ms = 1000;         // non-streaming: a space is sent this often to notice a gone client
+};
+
+class HttpServer {
+ public:
+  HttpServer(EngineCore& engine, const Model& model, const Tokenizer& tokenizer, ServerConfig config);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the listening socket; returns the port. Throws tandem::Error when
+  // the address cannot be bound.
+  int bind();
+  // Serves until stop(); call after bind().
+  void serve();
+  // Stops admitting: new requests and /health get 503; in-flight ones go on.
+  void begin_drain();
+  bool draining() const { return draining_.load(); }
+  int64_t in_flight() const { return in_flight_.load(); }
+  void stop();
+
+  const ChatTemplate& chat_template() const { return template_; }
+
+ private:
+  void install_routes();
+
+  EngineCore& engine_;
+  const Model& model_;
+  const Tokenizer& tokenizer_;
+  ServerConfig config_;
+  ChatTemplate template_;
+  std::unique_ptr<httplib::Server> http_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<uint64_t> next_request_id_{1};
+};
+
+}  // namespace tandem::server

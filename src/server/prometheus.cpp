@@ -1,0 +1,81 @@
+#include "server/prometheus.h"
+
+#include <cstdio>
+
+#include "engine/metrics.h"
+
+namespace tandem::server {
+
+namespace {
+
+void line(std::string& out, const char* name, const std::string& labels, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", value);
+  out += name;
+  out += "{" + labels + "} " + buf + "\n";
+}
+
+void header(std::string& out, const char* name, const char* type, const char* help) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+void histogram(std::string& out, const char* name, const char* help, const Histogram& h, const std::string& labels) {
+  header(out, name, "histogram", help);
+  const Histogram::Snapshot s = h.snapshot();
+  const std::string bucket = std::string(name) + "_bucket";
+  for (size_t i = 0; i < s.bounds.size(); ++i) {
+    char le[32];
+    std::snprintf(le, sizeof le, "%g", s.bounds[i]);
+    line(out, bucket.c_str(), labels + ",le=\"" + le + "\"", static_cast<double>(s.cumulative[i]));
+  }
+  line(out, bucket.c_str(), labels + ",le=\"+Inf\"", static_cast<double>(s.cumulative.back()));
+  line(out, (std::string(name) + "_sum").c_str(), labels, s.sum);
+  line(out, (std::string(name) + "_count").c_str(), labels, static_cast<double>(s.count));
+}
+
+}  // namespace
+
+std::string render_prometheus(const EngineMetrics& m, const std::string& model, const bool ready) {
+  std::string out;
+  const std::string l = "model_name=\"" + model + "\"";
+  auto gauge = [&](const char* name, const char* help, double v) {
+    header(out, name, "gauge", help);
+    line(out, name, l, v);
+  };
+  auto counter = [&](const char* name, const char* help, double v) {
+    header(out, name, "counter", help);
+    line(out, name, l, v);
+  };
+  gauge("tandem_ready", "1 while the server admits requests, 0 while draining", ready ? 1 : 0);
+  gauge("tandem_num_requests_running", "Sequences in the running set", static_cast<double>(m.running.load()));
+  gauge("tandem_num_requests_waiting", "Sequences waiting to be scheduled", static_cast<double>(m.waiting.load()));
+  const double total = static_cast<double>(m.kv_blocks_total.load());
+  gauge("tandem_kv_cache_usage_perc", "Fraction of KV blocks owned by sequences",
+        total > 0 ? static_cast<double>(m.kv_blocks_used.load()) / total : 0);
+  gauge("tandem_kv_cache_blocks_total", "KV blocks in the pool", total);
+  gauge("tandem_kv_cache_blocks_cached", "Evictable blocks kept by the prefix cache",
+        static_cast<double>(m.kv_blocks_cached.load()));
+  const double queries = static_cast<double>(m.prefix_query_tokens.load());
+  gauge("tandem_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up",
+        queries > 0 ? static_cast<double>(m.prefix_hit_tokens.load()) / queries : 0);
+  counter("tandem_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache", queries);
+  counter("tandem_prefix_cache_hits_total", "Prompt tokens found in the prefix cache",
+          static_cast<double>(m.prefix_hit_tokens.load()));
+  counter("tandem_prompt_tokens_total", "Prompt tokens admitted", static_cast<double>(m.prompt_tokens.load()));
+  counter("tandem_generation_tokens_total", "Tokens generated", static_cast<double>(m.generation_tokens.load()));
+  counter("tandem_num_preemptions_total", "Sequences preempted (recomputed later)",
+          static_cast<double>(m.preemptions.load()));
+  counter("tandem_engine_steps_total", "Engine steps run", static_cast<double>(m.steps.load()));
+  counter("tandem_request_success_total", "Requests finished", static_cast<double>(m.requests_finished.load()));
+  counter("tandem_request_aborted_total", "Requests aborted", static_cast<double>(m.requests_aborted.load()));
+  counter("tandem_engine_step_seconds_total", "Time spent in engine steps",
+          static_cast<double>(m.step_time_ns_total.load()) * 1e-9);
+  counter("tandem_scheduler_seconds_total", "Time spent scheduling",
+          static_cast<double>(m.schedule_time_ns_total.load()) * 1e-9);
+  histogram(out, "tandem_time_to_first_token_seconds", "Time to first token", m.ttft_s, l);
+  histogram(out, "tandem_time_per_output_token_seconds", "Mean time per output token after the first", m.tpot_s, l);
+  histogram(out, "tandem_e2e_request_latency_seconds", "Request latency", m.e2e_s, l);
+  return out;
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,359 @@
+// The engine core driven step by step (no thread): continuous batching,
+// chunked prefill, preemption, prefix caching, parallel sampling, stop
+// conditions and aborts, with the KV accounting checked after every drain.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine_core.h"
+#include "gguf/gguf.h"
+#include "kernels/ops.h"
+#include "model/model.h"
+#include "model_fixtures.h"
+#include "tokenizer/tokenizer.h"
+#include "util/thread_pool.h"
+
+namespace tandem {
+namespace {
+
+struct Fixture {
+  std::shared_ptr<const gguf::File> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+Fixture& fixture() {
+  static Fixture f = [] {
+    Fixture x;
+    x.file = std::make_shared<const gguf::File>(gguf::File::open(testing::tiny_model_path("llama", kernels::DType::kF16)));
+    x.model = Model::load(x.file);
+    x.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*x.file));
+    return x;
+  }();
+  return f;
+}
+
+// Everything one request produced, gathered from its outputs.
+struct Collected {
+  std::map<int32_t, std::vector<int32_t>> tokens;
+  std::map<int32_t, std::string> text;
+  std::map<int32_t, FinishReason> finish;
+  std::map<int32_t, std::string> stop_reason;
+  std::map<int32_t, double> cumulative_logprob;
+  std::map<int32_t, size_t> n_logprobs;
+  int32_t cached_tokens = -1;
+  bool finished = false;
+  int outputs_after_finish = 0;
+};
+
+class Harness {
+ public:
+  explicit Harness(EngineConfig cfg) : engine_(*fixture().model, *fixture().tokenizer, cfg) {}
+
+  uint64_t submit(std::vector<int32_t> prompt, SamplingParams p) {
+    const uint64_t id = next_id_++;
+    EngineRequest r;
+    r.id = id;
+    r.prompt = std::move(prompt);
+    r.params = p;
+    r.sink = [this, id](RequestOutput&& out) {
+      std::lock_guard<std::mutex> lock(mu_);  // the loop-thread test calls this from the engine thread
+      Collected& c = results_[id];
+      if (c.finished) ++c.outputs_after_finish;
+      c.cached_tokens = out.cached_tokens;
+      for (auto& d : out.sequences) {
+        auto& t = c.tokens[d.index];
+        t.insert(t.end(), d.tokens.begin(), d.tokens.end());
+        c.text[d.index] += d.text;
+        c.n_logprobs[d.index] += d.logprobs.size();
+        c.cumulative_logprob[d.index] = d.cumulative_logprob;
+        if (d.finish != FinishReason::kNone) {
+          c.finish[d.index] = d.finish;
+          c.stop_reason[d.index] = d.stop_reason;
+        }
+      }
+      c.finished |= out.finished;
+    };
+    auto err = engine_.add_request(std::move(r));
+    EXPECT_FALSE(err.has_value()) << *err;
+    return id;
+  }
+
+  void run_until_idle(int max_steps = 100000) {
+    for (int i = 0; i < max_steps && engine_.has_work(); ++i) engine_.step();
+    EXPECT_FALSE(engine_.has_work());
+  }
+
+  // After a drain nothing is owned: every block is free or cached.
+  void expect_no_leak() {
+    const BlockManagerStats s = engine_.kv_stats();
+    EXPECT_EQ(s.owned, 0);
+    EXPECT_EQ(s.free + s.cached, s.total);
+  }
+
+  EngineCore& engine() { return engine_; }
+  Collected& result(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return results_[id];
+  }
+  bool is_finished(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return results_[id].finished;
+  }
+
+ private:
+  std::mutex mu_;
+  EngineCore engine_;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, Collected> results_;
+};
+
+EngineConfig small_config() {
+  EngineConfig c;
+  c.kv_cache_bytes = 4 << 20;
+  c.block_size = 4;
+  c.max_num_batched_tokens = 32;
+  c.max_num_seqs = 16;
+  c.threads = 2;
+  return c;
+}
+
+std::vector<int32_t> prompt_of(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 53 + salt * 97 + 11) % 1000);
+  return p;
+}
+
+// Greedy tokens of a prompt computed directly with the model, one sequence.
+std::vector<int32_t> greedy_alone(const std::vector<int32_t>& prompt, int n) {
+  Model& m = *fixture().model;
+  ThreadPool pool(1);
+  KvPool kv(m.kv_shape(64, 16, kernels::DType::kF16));
+  SimpleBlockAllocator alloc(64);
+  const auto table = alloc.allocate(64);
+  Batch b;
+  b.add_sequence(prompt, 0, table, true);
+  std::vector<float> logits = m.forward(b, kv, pool);
+  std::vector<int32_t> out;
+  int32_t pos = static_cast<int32_t>(prompt.size());
+  for (int i = 0; i < n; ++i) {
+    const auto t = static_cast<int32_t>(kernels::argmax(logits.data(), m.config().n_vocab));
+    out.push_back(t);
+    Batch d;
+    const int32_t one[] = {t};
+    d.add_sequence(one, pos++, table, true);
+    logits = m.forward(d, kv, pool);
+  }
+  return out;
+}
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+TEST(Engine, ConcurrentGreedyRequestsEqualTheirAloneOutput) {
+  Harness h(small_config());
+  std::vector<uint64_t> ids;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 32; ++i) {
+    prompts.push_back(prompt_of(3 + (i * 7) % 29, i));
+    ids.push_back(h.submit(prompts.back(), greedy(4 + i % 9)));
+  }
+  h.run_until_idle();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Collected& c = h.result(ids[i]);
+    ASSERT_TRUE(c.finished);
+    EXPECT_EQ(c.tokens.at(0), greedy_alone(prompts[i], 4 + static_cast<int>(i) % 9)) << "request " << i;
+    EXPECT_EQ(c.finish.at(0), FinishReason::kLength);
+    EXPECT_EQ(c.outputs_after_finish, 0);
+  }
+  h.expect_no_leak();
+}
+
+TEST(Engine, PreemptionUnderASmallPoolKeepsGreedyOutput) {
+  EngineConfig cfg = small_config();
+  cfg.kv_cache_bytes = 0;  // computed below: room for few blocks
+  {
+    Model& m = *fixture().model;
+    cfg.kv_cache_bytes = static_cast<int64_t>(KvPool::bytes_per_block(m.kv_shape(1, cfg.block_size, cfg.kv_dtype))) * 24;
+  }
+  cfg.enable_prefix_caching = false;
+  Harness h(cfg);
+  std::vector<uint64_t> ids;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(prompt_of(9 + i, 40 + i));
+    ids.push_back(h.submit(prompts.back(), greedy(24)));
+  }
+  h.run_until_idle();
+  EXPECT_GT(h.engine().metrics().preemptions.load(), 0) << "the pool was meant to be too small for all at once";
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(h.result(ids[i]).tokens.at(0), greedy_alone(prompts[i], 24)) << "request " << i;
+  h.expect_no_leak();
+}
+
+TEST(Engine, PrefixCacheReusesBlocksAndReportsCachedTokens) {
+  Harness h(small_config());
+  const std::vector<int32_t> prompt = prompt_of(22, 5);
+  const uint64_t a = h.submit(prompt, greedy(5));
+  h.run_until_idle();
+  const uint64_t b = h.submit(prompt, greedy(5));
+  h.run_until_idle();
+  EXPECT_EQ(h.result(a).cached_tokens, 0);
+  EXPECT_EQ(h.result(b).cached_tokens, 20);  // 5 full blocks of 4; the last token is always computed
+  EXPECT_EQ(h.result(a).tokens.at(0), h.result(b).tokens.at(0));
+  EXPECT_GT(h.engine().kv_stats().prefix_hits_tokens, 0);
+  h.expect_no_leak();
+}
+
+TEST(Engine, ParallelSamplingSiblingsForkAndAreReproducible) {
+  auto run = [](uint64_t seed, int salt_requests) {
+    Harness h(small_config());
+    for (int i = 0; i < salt_requests; ++i) h.submit(prompt_of(7 + i, 200 + i), greedy(6));
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.n = 4;
+    p.best_of = 4;
+    p.max_tokens = 12;
+    p.seed = seed;
+    p.ignore_eos = true;
+    const uint64_t id = h.submit(prompt_of(13, 9), p);  // 13 tokens: the last prompt block is shared and partial
+    h.run_until_idle();
+    h.expect_no_leak();
+    return h.result(id).tokens;
+  };
+  const auto alone = run(7, 0);
+  const auto crowded = run(7, 5);
+  ASSERT_EQ(alone.size(), 4u);
+  EXPECT_EQ(alone, crowded) << "a seeded request samples the same tokens whatever else runs";
+  int distinct = 0;
+  for (int i = 1; i < 4; ++i) distinct += alone.at(i) != alone.at(0);
+  EXPECT_GT(distinct, 0) << "siblings draw from distinct streams";
+  EXPECT_NE(run(8, 0), alone);
+}
+
+TEST(Engine, GreedySiblingsAllEqualTheAloneOutput) {
+  Harness h(small_config());
+  SamplingParams p = greedy(10);
+  p.n = 3;
+  p.best_of = 3;
+  const std::vector<int32_t> prompt = prompt_of(10, 3);
+  const uint64_t id = h.submit(prompt, p);
+  h.run_until_idle();
+  const auto want = greedy_alone(prompt, 10);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(h.result(id).tokens.at(i), want);
+  h.expect_no_leak();
+}
+
+TEST(Engine, BestOfGeneratesAllCandidatesWithLogprobs) {
+  Harness h(small_config());
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.n = 2;
+  p.best_of = 5;
+  p.max_tokens = 6;
+  p.seed = 1;
+  p.logprobs = 2;
+  p.ignore_eos = true;
+  const uint64_t id = h.submit(prompt_of(6, 1), p);
+  h.run_until_idle();
+  const Collected& c = h.result(id);
+  EXPECT_EQ(c.tokens.size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(c.n_logprobs.at(i), 6u);
+    EXPECT_LT(c.cumulative_logprob.at(i), 0.0);
+  }
+}
+
+TEST(Engine, StopTokenStopStringAndMaxTokensEndSequences) {
+  Harness h(small_config());
+  const std::vector<int32_t> prompt = prompt_of(8, 2);
+  const auto want = greedy_alone(prompt, 8);
+  SamplingParams by_token = greedy(8);
+  by_token.stop_token_ids = {want[3]};
+  const uint64_t a = h.submit(prompt, by_token);
+  const uint64_t b = h.submit(prompt, greedy(8));
+  h.run_until_idle();
+  // The first occurrence of want[3] ends the sequence, with that token as the reason.
+  size_t first = 0;
+  while (want[first] != want[3]) ++first;
+  EXPECT_EQ(h.result(a).tokens.at(0).size(), first + 1);
+  EXPECT_EQ(h.result(a).finish.at(0), FinishReason::kStop);
+  EXPECT_EQ(h.result(a).stop_reason.at(0), std::to_string(want[3]));
+  EXPECT_EQ(h.result(b).finish.at(0), FinishReason::kLength);
+
+  // A stop string taken from the middle of the full text cuts the text there.
+  const std::string full = h.result(b).text.at(0);
+  ASSERT_GE(full.size(), 4u);
+  SamplingParams by_string = greedy(8);
+  by_string.stop = {full.substr(full.size() / 2, 2)};
+  const uint64_t c = h.submit(prompt, by_string);
+  h.run_until_idle();
+  EXPECT_EQ(h.result(c).finish.at(0), FinishReason::kStop);
+  EXPECT_EQ(h.result(c).text.at(0), full.substr(0, full.find(by_string.stop[0])));
+  h.expect_no_leak();
+}
+
+TEST(Engine, AbortFreesEverythingInTheSameStep) {
+  Harness h(small_config());
+  const uint64_t a = h.submit(prompt_of(30, 1), greedy(200));
+  const uint64_t b = h.submit(prompt_of(12, 2), greedy(10));
+  for (int i = 0; i < 5; ++i) h.engine().step();
+  EXPECT_GT(h.engine().kv_stats().owned, 0);
+  h.engine().abort_request(a);
+  h.engine().abort_request(a);  // idempotent
+  h.engine().abort_request(999);  // unknown: ignored
+  h.engine().step();
+  EXPECT_TRUE(h.result(a).finished);
+  EXPECT_EQ(h.result(a).finish.at(0), FinishReason::kAbort);
+  h.run_until_idle();
+  EXPECT_TRUE(h.result(b).finished);
+  h.expect_no_leak();
+}
+
+TEST(Engine, RejectsRequestsItCanNeverServe) {
+  Harness h(small_config());
+  SamplingParams p = greedy(10);
+  EngineRequest r;
+  r.id = 77;
+  r.prompt = prompt_of(600, 1);  // the tiny model's context is 512
+  r.params = p;
+  auto err = h.engine().add_request(r);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->find("maximum context length"), std::string::npos) << *err;
+  r.prompt = {};
+  EXPECT_TRUE(h.engine().add_request(r).has_value());
+  r.prompt = prompt_of(5, 1);
+  r.params.best_of = 64;
+  r.params.n = 64;
+  r.params.max_tokens = 400;
+  err = h.engine().add_request(r);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->find("KV blocks"), std::string::npos) << *err;
+}
+
+TEST(Engine, LoopThreadServesRequestsAndIdlesWithABoundedWait) {
+  Harness h(small_config());
+  h.engine().start();
+  const uint64_t hb0 = h.engine().heartbeat();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_GT(h.engine().heartbeat(), hb0) << "an idle loop still wakes up";
+  const uint64_t id = h.submit(prompt_of(9, 4), greedy(5));
+  for (int i = 0; i < 500 && !h.is_finished(id); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  h.engine().stop();
+  EXPECT_TRUE(h.result(id).finished);
+  EXPECT_EQ(h.result(id).tokens.at(0), greedy_alone(prompt_of(9, 4), 5));
+}
+
+}  // namespace
+}  // namespace tandem
