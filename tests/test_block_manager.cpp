@@ -578,7 +578,8 @@ class Stress {
       }
       content_[b].clear();
     }
-    EXPECT_EQ(evicted, std::max<int64_t>(0, n - free_before)) << "evicted while free blocks remained";
+    EXPECT_EQ(evicted, std::max<int64_t>(0, n - free_before))
+        << "evicted while free blocks remained";
     take(*got);
     return got;
   }
@@ -601,7 +602,8 @@ class Stress {
     const auto& doc = docs_[rng_() % docs_.size()];
     s.tokens.assign(doc.begin(), doc.begin() + 1 + rng_() % 24);
     if (rng_() % 3 == 0)
-      for (uint32_t k = rng_() % 9; k > 0; --k) s.tokens.push_back(static_cast<int32_t>(rng_() % 50));
+      for (uint32_t k = rng_() % 9; k > 0; --k)
+        s.tokens.push_back(static_cast<int32_t>(rng_() % 50));
     const int64_t n = static_cast<int64_t>(s.tokens.size());
 
     BlockManager::PrefixMatch m = bm_.acquire_prefix(s.tokens, n - 1);

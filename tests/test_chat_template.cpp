@@ -99,7 +99,7 @@ constexpr const char* kLlama2Template =
     R"({% set loop_messages = messages %}{% set system_message = false %}{% endif %})"
     R"({% for message in loop_messages %})"
     R"({% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %})"
-    R"({{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }})"
+    R"({{ raise_exception('Conversation roles must alternate user/assistant/...') }})"
     R"({% endif %}{% if loop.index0 == 0 and system_message != false %})"
     R"({% set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %})"
     R"({% else %}{% set content = message['content'] %}{% endif %})"
@@ -157,16 +157,16 @@ constexpr const char* kMistralV7Template =
     R"({{- message['content'] + eos_token }}{%- endif %}{%- endfor %})";
 
 constexpr const char* kGemmaTemplate =
-    R"({{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\n' )"
-    R"(+ message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %})"
-    R"({{'<start_of_turn>model\n'}}{% endif %})";
+    R"({{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] )"
+    R"(+ '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %})"
+    R"({% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %})";
 
 // ---------------------------------------------------------------------------
 // Family names
 
 TEST(ChatTemplateFamily, NamesRoundTrip) {
-  for (ChatFamily f : {ChatFamily::kChatML, ChatFamily::kLlama3, ChatFamily::kLlama2,
-                       ChatFamily::kMistral}) {
+  for (ChatFamily f :
+       {ChatFamily::kChatML, ChatFamily::kLlama3, ChatFamily::kLlama2, ChatFamily::kMistral}) {
     EXPECT_EQ(chat_family_from_name(chat_family_name(f)), f);
   }
   EXPECT_EQ(chat_family_name(ChatFamily::kChatML), "chatml");
@@ -308,8 +308,7 @@ TEST(ChatTemplateLlama3, Llama32TodaysDate) {
             "<|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
   // Without a date the template's fallback is used.
-  EXPECT_NE(render_ok(t, {{"user", "x"}}).text.find("Today Date: 26 Jul 2024"),
-            std::string::npos);
+  EXPECT_NE(render_ok(t, {{"user", "x"}}).text.find("Today Date: 26 Jul 2024"), std::string::npos);
 }
 
 TEST(ChatTemplateLlama3, NoBosTokenInTemplate) {
@@ -351,10 +350,9 @@ TEST(ChatTemplateLlama2, OfficialTemplate) {
 
 TEST(ChatTemplateLlama2, RolesMustAlternate) {
   const auto t = ChatTemplate::for_family(ChatFamily::kLlama2, "<s>", "</s>");
-  for (const Messages& bad : {Messages{{"user", "a"}, {"user", "b"}},
-                              Messages{{"assistant", "a"}},
-                              Messages{{"system", "s"}, {"assistant", "a"}},
-                              Messages{{"user", "a"}, {"system", "s"}}}) {
+  for (const Messages& bad :
+       {Messages{{"user", "a"}, {"user", "b"}}, Messages{{"assistant", "a"}},
+        Messages{{"system", "s"}, {"assistant", "a"}}, Messages{{"user", "a"}, {"system", "s"}}}) {
     const ApiError err = render_error(t, bad);
     EXPECT_EQ(err.status, 400);
     EXPECT_EQ(err.type, "invalid_request_error");
@@ -434,8 +432,7 @@ TEST(ChatTemplateDetect, FamiliesByMarkers) {
     EXPECT_EQ(ChatTemplate::detect(m, "", "").family(), ChatFamily::kMistral) << m;
   }
   const auto t = ChatTemplate::detect(kLlama31Template, "", "");
-  EXPECT_EQ(t.describe(),
-            "llama3 (detected from tokenizer.chat_template; Llama 3.1+ date header)");
+  EXPECT_EQ(t.describe(), "llama3 (detected from tokenizer.chat_template; Llama 3.1+ date header)");
   EXPECT_TRUE(t.error().empty());
 }
 

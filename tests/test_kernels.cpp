@@ -247,6 +247,25 @@ TEST(Kernels, RopeRotatesTheRightPairs) {
   }
 }
 
+// Llama-3-style scaled RoPE: GGUF files carry per-frequency divisors
+// (rope_freqs.weight); each pair's angle is pos * base^(-2i/n) / factor_i.
+TEST(Kernels, RopeFrequencyFactorsDivideTheAngles) {
+  RopeParams p;
+  p.n_rot = 8;
+  p.freq_base = 500000.0f;
+  const float factors[] = {1.0f, 2.0f, 8.0f, 32.0f};
+  p.freq_factors = factors;
+  const int32_t pos[] = {0, 7, 1000};
+  std::vector<float> c(12), s(12);
+  rope_angles(pos, 3, p, c.data(), s.data());
+  for (int r = 0; r < 3; ++r)
+    for (int i = 0; i < 4; ++i) {
+      const double theta = pos[r] * std::pow(500000.0, -2.0 * i / 8) / factors[i];
+      EXPECT_NEAR(c[static_cast<size_t>(r * 4 + i)], std::cos(theta), 1e-6);
+      EXPECT_NEAR(s[static_cast<size_t>(r * 4 + i)], std::sin(theta), 1e-6);
+    }
+}
+
 TEST(Kernels, Q8_0QuantizationErrorIsBoundedByHalfAStep) {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-4, 4);

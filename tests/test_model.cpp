@@ -325,6 +325,37 @@ TEST(Model, RejectsUnsupportedTensorTypeNamingIt) {
   }
 }
 
+// A copy of a tiny model with a rope_freqs.weight tensor (as Llama-3.1 files
+// carry their scaled RoPE): factors of 1 change nothing, other factors do.
+std::vector<float> logits_with_rope_factors(float factor) {
+  const gguf::File src = gguf::File::open(testing::tiny_model_path("llama", DType::kF32));
+  gguf::Writer w;
+  for (const auto& kv : src.metadata())
+    if (kv.key != "general.alignment") w.set(kv.key, kv.value);
+  for (const auto& t : src.tensors()) w.add_tensor(t.name, t.type, t.dims, std::vector<uint8_t>(t.data, t.data + t.n_bytes));
+  const uint64_t half = src.get_u64("llama.rope.dimension_count") / 2;
+  std::vector<uint8_t> bytes(half * 4);
+  for (uint64_t i = 0; i < half; ++i) {
+    const float f = i % 2 == 0 ? 1.0f : factor;
+    std::memcpy(bytes.data() + 4 * i, &f, 4);
+  }
+  w.add_tensor("rope_freqs.weight", gguf::TensorType::F32, {half}, std::move(bytes));
+  auto file = std::make_shared<const gguf::File>(gguf::File::parse(w.to_bytes(), "rope.gguf"));
+  auto model = Model::load(file);
+  ThreadPool pool(2);
+  return run_alone(*model, tokens(12, 3, model->config().n_vocab), {12}, pool);
+}
+
+TEST(Model, RopeFrequencyFactorsFromTheFileAreApplied) {
+  Loaded plain = load("llama", DType::kF32);
+  ThreadPool pool(2);
+  const std::vector<float> base = run_alone(*plain.model, tokens(12, 3, plain.model->config().n_vocab), {12}, pool);
+  const std::vector<float> ones = logits_with_rope_factors(1.0f);
+  const std::vector<float> scaled = logits_with_rope_factors(8.0f);
+  EXPECT_TRUE(bitwise_equal(base.data(), ones.data(), base.size()));
+  EXPECT_FALSE(bitwise_equal(base.data(), scaled.data(), base.size()));
+}
+
 TEST(Model, RejectsUnknownArchitecture) {
   gguf::Writer w;
   w.set("general.architecture", gguf::Value::make_string("mamba"));

@@ -192,6 +192,9 @@ void add_bench(CLI::App& app) {
   serve->add_option("--requests", s->config.requests_per_level, "Requests per level (0: 4 x concurrency, at least 8)");
   serve->add_option("--input-len", s->config.input_words, "Prompt length in words (about a token each)")
       ->check(CLI::Range(1, 1 << 20));
+  serve->add_option("--input-tokens", s->config.input_tokens,
+                    "Prompts of exactly this many token ids (completions; overrides --input-len)")
+      ->check(CLI::Range(0, 1 << 20));
   serve->add_option("--output-len", s->config.output_tokens, "max_tokens per request")->check(CLI::Range(1, 1 << 20));
   serve->add_option("--jitter", s->config.jitter, "Random +/- fraction on both lengths")->check(CLI::Range(0.0, 0.9));
   serve->add_option("--shared-prefix", s->config.shared_prefix_words, "Words shared by every prompt's start");

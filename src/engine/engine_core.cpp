@@ -84,35 +84,38 @@ void EngineCore::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::optional<std::string> EngineCore::add_request(EngineRequest request, bool* queue_full) {
-  if (queue_full != nullptr) *queue_full = false;
+std::optional<std::string> EngineCore::add_request(EngineRequest request, Refusal* why) {
+  const auto refuse = [why](Refusal r, std::string message) {
+    if (why != nullptr) *why = r;
+    return std::optional<std::string>(std::move(message));
+  };
+  if (why != nullptr) *why = Refusal::kNone;
   const SamplingParams& p = request.params;
   const auto n_prompt = static_cast<int64_t>(request.prompt.size());
-  if (n_prompt == 0) return std::string("the prompt is empty");
-  if (std::string err = p.validate(model_.config().n_vocab); !err.empty()) return err;
+  if (n_prompt == 0) return refuse(Refusal::kInvalid, "the prompt is empty");
+  if (std::string err = p.validate(model_.config().n_vocab); !err.empty()) return refuse(Refusal::kInvalid, err);
   for (int32_t t : request.prompt)
     if (t < 0 || t >= model_.config().n_vocab)
-      return "prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-             std::to_string(model_.config().n_vocab) + ")";
+      return refuse(Refusal::kInvalid, "prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+             std::to_string(model_.config().n_vocab) + ")");
   if (n_prompt + p.max_tokens > max_model_len_)
-    return "this model's maximum context length is " + std::to_string(max_model_len_) + " tokens, but " +
+    return refuse(Refusal::kContextTooLong, "this model's maximum context length is " + std::to_string(max_model_len_) + " tokens, but " +
            std::to_string(n_prompt + p.max_tokens) + " were requested (" + std::to_string(n_prompt) +
-           " in the prompt, " + std::to_string(p.max_tokens) + " in the completion); shorten the prompt or lower max_tokens";
+           " in the prompt, " + std::to_string(p.max_tokens) + " in the completion); shorten the prompt or lower max_tokens");
   // Worst case without any prefix sharing beyond the prompt: the prompt once,
   // and every sibling's output in its own blocks (plus a copied last block).
   const int64_t bs = config_.block_size;
   const int64_t need = (n_prompt + p.max_tokens + bs - 1) / bs + (p.best_of - 1) * ((p.max_tokens + bs - 1) / bs + 1);
   if (need > n_blocks_)
-    return "the request needs up to " + std::to_string(need) + " KV blocks but the cache holds " +
-           std::to_string(n_blocks_) + "; lower max_tokens, n or best_of, or give the server more KV cache memory";
+    return refuse(Refusal::kTooLargeForCache, "the request needs up to " + std::to_string(need) + " KV blocks but the cache holds " +
+           std::to_string(n_blocks_) + "; lower max_tokens, n or best_of, or give the server more KV cache memory");
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t queued = static_cast<int64_t>(pending_adds_.size()) + metrics_.waiting.load();
-    if (queued >= config_.max_waiting_requests) {
-      if (queue_full != nullptr) *queue_full = true;
-      return "the server's admission queue is full (" + std::to_string(config_.max_waiting_requests) +
-             " waiting requests); retry later";
-    }
+    if (queued >= config_.max_waiting_requests)
+      return refuse(Refusal::kQueueFull, "the server's admission queue is full (" +
+                                             std::to_string(config_.max_waiting_requests) +
+                                             " waiting requests); retry later");
     pending_adds_.push_back(std::move(request));
   }
   cv_.notify_all();
@@ -304,7 +307,26 @@ void EngineCore::emit(RequestState& r) {
 
 bool EngineCore::step() {
   drain_inputs();
-  if (!scheduler_->has_work()) return false;
+  // The KV snapshot and the gauges: refreshed after every step, and also when
+  // there is nothing to step, since aborts alone can release the last owned
+  // blocks and no step would follow to show it.
+  const auto publish = [this] {
+    const BlockManagerStats st = blocks_->stats();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kv_stats_ = st;
+    }
+    metrics_.running = scheduler_->n_running();
+    metrics_.waiting = scheduler_->n_waiting();
+    metrics_.kv_blocks_used = st.owned;
+    metrics_.kv_blocks_cached = st.cached;
+    metrics_.prefix_query_tokens = st.prefix_queries_tokens;
+    metrics_.prefix_hit_tokens = st.prefix_hits_tokens;
+  };
+  if (!scheduler_->has_work()) {
+    publish();
+    return false;
+  }
   Stopwatch step_sw;
   const uint64_t step_no = step_.load(std::memory_order_relaxed) + 1;
   SchedulerOutput out = scheduler_->schedule();
@@ -353,17 +375,7 @@ bool EngineCore::step() {
     ++metrics_.requests_finished;
   }
 
-  const BlockManagerStats st = blocks_->stats();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    kv_stats_ = st;
-  }
-  metrics_.running = scheduler_->n_running();
-  metrics_.waiting = scheduler_->n_waiting();
-  metrics_.kv_blocks_used = st.owned;
-  metrics_.kv_blocks_cached = st.cached;
-  metrics_.prefix_query_tokens = st.prefix_queries_tokens;
-  metrics_.prefix_hit_tokens = st.prefix_hits_tokens;
+  publish();
   metrics_.steps = static_cast<int64_t>(step_no);
   metrics_.step_time_ns_total += static_cast<int64_t>(step_sw.elapsed_s() * 1e9);
   metrics_.schedule_time_ns_total += schedule_ns;

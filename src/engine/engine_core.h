@@ -58,10 +58,14 @@ class EngineCore {
   void start();
   void stop();
 
+  // Why a request was refused.
+  enum class Refusal { kNone, kInvalid, kContextTooLong, kTooLargeForCache, kQueueFull };
   // Thread-safe. Returns an error message (and takes nothing) when the request
-  // can never be served (too long for the context or the KV pool) or the
-  // admission queue is full; `*queue_full` tells the two apart.
-  std::optional<std::string> add_request(EngineRequest request, bool* queue_full = nullptr);
+  // is invalid, can never be served (too long for the context or the whole KV
+  // pool), or the admission queue is full; `*why` says which.
+  std::optional<std::string> add_request(EngineRequest request, Refusal* why = nullptr);
+  // Tokens the KV pool holds in all (for error messages).
+  int64_t kv_capacity_tokens() const { return n_blocks_ * config_.block_size; }
   // Thread-safe; idempotent; an unknown or finished id is ignored.
   void abort_request(uint64_t id);
 

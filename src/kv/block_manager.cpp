@@ -138,7 +138,8 @@ void BlockManager::Impl::check_invariants() const {
       ++owned;
       TANDEM_ASSERT(!in_free[b] && !in_lru[b], id + " is owned but also free or cached");
     } else {
-      TANDEM_ASSERT(in_free[b] + in_lru[b] == 1, id + " has refcount 0 but is neither free nor cached");
+      TANDEM_ASSERT(in_free[b] + in_lru[b] == 1,
+                    id + " has refcount 0 but is not in exactly one of free and cached");
     }
     if (block_hash[b] != kNoParentHash) {
       ++registered;

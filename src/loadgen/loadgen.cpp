@@ -106,7 +106,16 @@ Sample one_request(const LoadConfig& c, const Url& url, const std::string& model
     body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
   } else {
     path += "/v1/completions";
-    body["prompt"] = prompt;
+    if (c.input_tokens > 0) {
+      // Token ids in [256, 1024): present in any real vocabulary, and the
+      // prompt length is then exact for every server.
+      json ids = json::array();
+      const int n_ids = jittered(c.input_tokens, c.jitter, rng);
+      for (int i = 0; i < n_ids; ++i) ids.push_back(256 + static_cast<int>(rng.next() % 768));
+      body["prompt"] = ids;
+    } else {
+      body["prompt"] = prompt;
+    }
   }
   body["max_tokens"] = out_tokens;
   body["temperature"] = c.temperature;

@@ -18,6 +18,7 @@ struct LoadConfig {
   std::vector<int> concurrency = {1, 2, 4, 8};
   int requests_per_level = 0;  // 0: 4 x concurrency (at least 8)
   int input_words = 128;       // prompt length in words (about one token each)
+  int input_tokens = 0;        // > 0: send prompts of exactly this many token ids instead (completions only)
   int output_tokens = 128;
   double jitter = 0.0;         // +/- fraction applied to input and output lengths
   int n = 1;

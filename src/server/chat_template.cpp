@@ -221,9 +221,9 @@ ChatTemplate ChatTemplate::detect(std::string_view jinja, std::string bos_text,
   t.bos_ = std::move(bos_text);
   t.eos_ = std::move(eos_text);
   t.source_ = "detected from tokenizer.chat_template";
-  const std::string how_to_fix =
-      " Restart the server with --chat-template <family>, one of " + chat_family_list() +
-      ", or send a prompt you formatted yourself to /v1/completions.";
+  const std::string how_to_fix = " Restart the server with --chat-template <family>, one of " +
+                                 chat_family_list() +
+                                 ", or send a prompt you formatted yourself to /v1/completions.";
   if (jinja.empty()) {
     t.error_ =
         "This model has no chat template (its GGUF file has no tokenizer.chat_template), so "
@@ -302,7 +302,7 @@ std::string ChatTemplate::describe() const {
   if (!default_system_.empty()) out += "; default system prompt";
   if (llama3_date_header_) out += "; Llama 3.1+ date header";
   if (*family_ == ChatFamily::kMistral) {
-    out += "; \"" + mistral_open_ + "...\"" + mistral_close_ + "\"";
+    out += "; \"" + mistral_open_ + "..." + mistral_close_ + "\"";
     if (mistral_system_ == MistralSystem::kLastUser) out += "; system prompt on the last turn";
     if (mistral_system_ == MistralSystem::kSystemPromptTokens) out += "; [SYSTEM_PROMPT]";
   }
@@ -365,7 +365,8 @@ RenderedPrompt ChatTemplate::render_llama3(std::span<const ChatMessage> messages
     out.text += bos_;  // 3.0 prepends it to the first turn
   }
   for (const ChatMessage& m : messages) turn(m.role, python_strip(m.content));
-  if (options.add_generation_prompt) out.text += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  if (options.add_generation_prompt)
+    out.text += "<|start_header_id|>assistant<|end_header_id|>\n\n";
   out.add_special = !(writes_bos_ && !bos_.empty());
   return out;
 }
@@ -387,7 +388,12 @@ std::variant<RenderedPrompt, ApiError> ChatTemplate::render_llama2(
       if (writes_bos_) out.text += bos_;
       out.text += "[INST] " + python_strip(content) + " [/INST]";
     } else {
-      out.text += " " + python_strip(content) + " " + eos_;
+      // Appended piece by piece: " " + std::string&& trips GCC 12's false
+      // -Wrestrict at -O3 (GCC bug 105329).
+      out.text += ' ';
+      out.text += python_strip(content);
+      out.text += ' ';
+      out.text += eos_;
     }
   }
   out.add_special = !(writes_bos_ && !bos_.empty());

@@ -96,8 +96,8 @@ class ChatTemplate {
   std::string source_;  // for describe()
   std::string bos_;
   std::string eos_;
-  bool writes_bos_ = false;     // the template emits bos_token itself
-  std::string default_system_;  // ChatML (Qwen): system turn used when none is given
+  bool writes_bos_ = false;          // the template emits bos_token itself
+  std::string default_system_;       // ChatML (Qwen): system turn used when none is given
   bool llama3_date_header_ = false;  // Llama 3.1+: system turn with knowledge/today dates
   bool llama3_today_ = false;        // Llama 3.2: the date is today's (strftime_now)
   // Mistral templates put " [INST] ", "[INST] " or "[INST]" before a user

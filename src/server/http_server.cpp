@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -69,7 +70,7 @@ struct Job {
     std::string finish;
     double cumulative_logprob = 0;
     int64_t tokens = 0;
-    int64_t chars_sent = 0;  // streamed so far (text_offset of the next chunk)
+    int64_t chars_sent = 0;  // of the tokens streamed so far (text_offset of the next chunk)
     bool started = false;    // streaming: the first chunk went out
   };
   std::vector<Seq> seqs;
@@ -94,6 +95,14 @@ HttpServer::HttpServer(EngineCore& engine, const Model& model, const Tokenizer& 
   http_->set_read_timeout(60, 0);
   http_->set_write_timeout(60, 0);
   http_->set_keep_alive_timeout(5);
+  // httplib's default options set SO_REUSEPORT, which would let a second
+  // server bind a port that is in use without an error; SO_REUSEADDR only.
+  // The fd is kept to raise the listen backlog after bind (see bind()).
+  http_->set_socket_options([this](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd_ = sock;
+  });
   install_routes();
 }
 
@@ -104,20 +113,34 @@ int HttpServer::bind() {
     const int port = http_->bind_to_any_port(config_.host.c_str());
     if (port < 0) throw Error("cannot bind " + config_.host + " to any port");
     config_.port = port;
-    return port;
-  }
-  if (!http_->bind_to_port(config_.host.c_str(), config_.port))
+  } else if (!http_->bind_to_port(config_.host.c_str(), config_.port)) {
     throw Error("cannot bind " + config_.host + ":" + std::to_string(config_.port) +
                 " (in use, or not an address of this machine); pick another --port or --host");
+  }
+  // The packaged httplib listens with a backlog of 5: a burst of clients (64
+  // connecting at once) overflows it, SYNs are dropped and those clients wait
+  // a 1 s retransmission or fail. listen() again just raises the backlog.
+  if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
   return config_.port;
 }
 
-void HttpServer::serve() { http_->listen_after_bind(); }
+void HttpServer::serve() {
+  serving_ = true;
+  if (!stop_requested_) http_->listen_after_bind();
+  serving_ = false;
+}
 
 void HttpServer::begin_drain() { draining_ = true; }
 
 void HttpServer::stop() {
-  if (http_) http_->stop();
+  stop_requested_ = true;
+  if (!http_) return;
+  // httplib ignores stop() until its accept loop runs: a stop that arrives
+  // while serve() is starting (SIGTERM right after start-up) waits for it, up
+  // to 2 s.
+  for (int i = 0; i < 2000 && serving_ && !http_->is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  http_->stop();
 }
 
 void HttpServer::install_routes() {
@@ -132,10 +155,10 @@ void HttpServer::install_routes() {
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler already wrote an error body
     if (res.status == 404) send_error(res, route_not_found(req.method, req.path));
-    else if (res.status == 413) send_error(res, payload_too_large(16 << 20));
+    else if (res.status == 413) send_error(res, payload_too_large(config_.max_body_bytes));
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown exception";
@@ -270,10 +293,16 @@ void HttpServer::install_routes() {
     er.prompt = std::move(prompt);
     er.params = params;
     er.sink = [channel = job->channel](RequestOutput&& out) { channel->push(std::move(out)); };
-    bool queue_full = false;
-    if (auto err = engine_.add_request(std::move(er), &queue_full)) {
-      if (queue_full) return send_error(res, server::queue_full(engine_.max_waiting_requests()));
-      return send_error(res, invalid_value("max_tokens", *err));
+    EngineCore::Refusal why = EngineCore::Refusal::kNone;
+    if (auto err = engine_.add_request(std::move(er), &why)) {
+      switch (why) {
+        case EngineCore::Refusal::kQueueFull: return send_error(res, queue_full(engine_.max_waiting_requests()));
+        case EngineCore::Refusal::kTooLargeForCache: {
+          const int64_t per_seq = job->prompt_tokens + params.max_tokens;
+          return send_error(res, capacity_exceeded(per_seq * params.best_of, engine_.kv_capacity_tokens()));
+        }
+        default: return send_error(res, invalid_value("max_tokens", *err));
+      }
     }
     ++in_flight_;
 
@@ -336,7 +365,13 @@ void HttpServer::install_routes() {
             cchoices.push_back(std::move(c));
           }
           q.started = true;
-          q.chars_sent += static_cast<int64_t>(text.size());
+          // The next chunk's text_offset: characters of the tokens so far,
+          // counted as the non-streamed response counts them (the tokens'
+          // pieces; continuation bytes of UTF-8 do not start a character).
+          for (const OutputLogprob& lp : lps)
+            q.chars_sent += std::count_if(lp.token.begin(), lp.token.end(), [](char ch) {
+              return (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+            });
         }
         if (job->stream && (!cchoices.empty() || !kchoices.empty())) {
           const json chunk = job->chat ? chat_chunk(job->header, kchoices, job->include_usage)

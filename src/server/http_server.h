@@ -73,6 +73,9 @@ class HttpServer {
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};
   std::atomic<uint64_t> next_request_id_{1};
+  int listen_fd_ = -1;
+  std::atomic<bool> serving_{false};
+  std::atomic<bool> stop_requested_{false};
 };
 
 }  // namespace tandem::server

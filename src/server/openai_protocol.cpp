@@ -1,9 +1,9 @@
 #include "server/openai_protocol.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cctype>
 #include <cfloat>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -124,8 +124,8 @@ class FieldReader {
     }
     const double d = v.get<double>();
     if (!std::isfinite(d) || std::fabs(d) > FLT_MAX) {
-      fail(invalid_value(param, "must be a finite number within float range, got " +
-                                    describe_number(d) + "."));
+      fail(invalid_value(
+          param, "must be a finite number within float range, got " + describe_number(d) + "."));
       return std::nullopt;
     }
     return static_cast<float>(d);
@@ -179,8 +179,8 @@ bool read_token_array(FieldReader& r, const json& arr, const std::string& param,
 // about ("temperature must be ...", "logit_bias token id ...", "stop[1] ...").
 std::string validated_field(const std::string& message) {
   size_t n = 0;
-  while (n < message.size() && (std::islower(static_cast<unsigned char>(message[n])) ||
-                                message[n] == '_'))
+  while (n < message.size() &&
+         (std::islower(static_cast<unsigned char>(message[n])) || message[n] == '_'))
     ++n;
   return message.substr(0, n);
 }
@@ -256,8 +256,9 @@ void read_sampling(FieldReader& r, int64_t n_vocab, SamplingParams& sp) {
         const char* end = key.data() + key.size();
         const auto [ptr, ec] = std::from_chars(key.data(), end, id);
         if (key.empty() || ec != std::errc() || ptr != end || id < 0) {
-          r.fail(invalid_value("logit_bias", "keys must be token ids written as decimal "
-                                             "integers, got \"" + key + "\"."));
+          const std::string got = "got \"" + key + "\".";
+          r.fail(invalid_value("logit_bias",
+                               "keys must be token ids written as decimal integers, " + got));
           break;
         }
         const auto b = r.to_float(value, "logit_bias");
@@ -372,8 +373,9 @@ void read_messages(FieldReader& r, std::vector<ChatMessage>& out) {
                                               "' messages are not supported: this server does "
                                               "not implement tool calling."));
     } else if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
-      m.fail(invalid_value(prefix + "role", "must be one of 'system', 'developer', 'user' or "
-                                            "'assistant', got '" + cm.role + "'."));
+      const std::string got = "got '" + cm.role + "'.";
+      m.fail(invalid_value(prefix + "role",
+                           "must be one of 'system', 'developer', 'user' or 'assistant', " + got));
     }
     if (m.ok()) {
       const json* calls = m.get("tool_calls");
@@ -464,8 +466,9 @@ void read_prompt(FieldReader& r, int64_t n_vocab, CompletionRequest& req) {
   const json& first = p->front();
   if (first.is_string() || first.is_array()) {
     if (p->size() > 1) {
-      r.fail(unsupported("prompt", "an array of several prompts (a batch) is not supported; send "
-                                   "one prompt per request."));
+      r.fail(unsupported("prompt",
+                         "an array of several prompts (a batch) is not supported; send "
+                         "one prompt per request."));
       return;
     }
     if (first.is_string()) {
@@ -514,9 +517,8 @@ json finish_json(const std::string& reason) {
 // Characters (as Python counts them) in raw UTF-8 bytes: every byte that
 // does not continue a multi-byte sequence.
 int64_t count_chars(std::string_view bytes) {
-  return std::count_if(bytes.begin(), bytes.end(), [](char c) {
-    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
-  });
+  return std::count_if(bytes.begin(), bytes.end(),
+                       [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
 }
 
 // The legacy completions format: parallel arrays, top alternatives as a map.
@@ -613,8 +615,9 @@ Parsed<CompletionRequest> parse_completion_request(std::string_view body, int64_
     }
   }
   if (r.ok() && req.echo && req.sampling.logprobs >= 0) {
-    r.fail(unsupported("echo", "echo with logprobs needs log-probabilities of the prompt tokens, "
-                               "which this server does not compute; drop echo or logprobs."));
+    r.fail(unsupported("echo",
+                       "echo with logprobs needs log-probabilities of the prompt tokens, "
+                       "which this server does not compute; drop echo or logprobs."));
   }
   check_best_of_stream(r, req.sampling, req.stream);
   if (r.ok()) {
@@ -713,8 +716,9 @@ std::optional<ApiError> fit_to_context(std::optional<int32_t> max_tokens, int64_
                                        int64_t max_model_len, std::string_view param,
                                        SamplingParams& sampling) {
   if (prompt_tokens <= 0) {
-    return invalid_value(param, "is empty: it must hold at least one token (after "
-                                "tokenization) for the model to continue from.");
+    return invalid_value(param,
+                         "is empty: it must hold at least one token (after "
+                         "tokenization) for the model to continue from.");
   }
   if (max_tokens) {
     if (prompt_tokens + *max_tokens > max_model_len)

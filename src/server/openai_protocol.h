@@ -104,9 +104,9 @@ std::optional<ApiError> fit_to_context(std::optional<int32_t> max_tokens, int64_
 // Responses
 
 struct ResponseHeader {
-  std::string id;        // "cmpl-..." or "chatcmpl-..." (make_response_id)
-  int64_t created = 0;   // Unix seconds; the same in every chunk of a stream
-  std::string model;     // the served model's name
+  std::string id;       // "cmpl-..." or "chatcmpl-..." (make_response_id)
+  int64_t created = 0;  // Unix seconds; the same in every chunk of a stream
+  std::string model;    // the served model's name
 };
 
 struct Usage {

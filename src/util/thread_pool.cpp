@@ -67,7 +67,13 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   generation_.fetch_add(1, std::memory_order_acq_rel);
   generation_.notify_all();
   fn(0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) TANDEM_CPU_RELAX();
+  // Spin briefly, then yield: when other processes or threads share the
+  // cores (an HTTP server, a load generator) a worker may be descheduled, and
+  // spinning for a whole time slice would keep it from running.
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
+    if (spin < kSpinIterations) TANDEM_CPU_RELAX();
+    else std::this_thread::yield();
+  }
   job_ = nullptr;
 }
 

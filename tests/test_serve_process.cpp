@@ -1,0 +1,136 @@
+// `tandem serve` as a process: it binds loopback, serves, and on SIGTERM
+// stops admitting (503) while an in-flight request finishes, then exits 0.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "model_fixtures.h"
+
+namespace tandem {
+namespace {
+
+struct ServerProcess {
+  pid_t pid = -1;
+  int port = 0;
+  FILE* stderr_stream = nullptr;
+};
+
+// Starts `tandem serve` on a free port and reads the port from its start-up line.
+ServerProcess start_server(const std::string& model, const std::string& extra_args) {
+  int fds[2];
+  EXPECT_EQ(pipe(fds), 0);
+  ServerProcess p;
+  p.pid = fork();
+  if (p.pid == 0) {
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    const std::string cmd = std::string(TANDEM_BINARY) + " serve -m " + model + " --port 0 -t 1 --kv-cache-mb 16 " + extra_args;
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  p.stderr_stream = fdopen(fds[0], "r");
+  char line[1024];
+  while (std::fgets(line, sizeof line, p.stderr_stream) != nullptr) {
+    const std::string s(line);
+    const size_t at = s.find("http://127.0.0.1:");
+    if (at != std::string::npos) {
+      p.port = std::stoi(s.substr(at + 17));
+      break;
+    }
+  }
+  return p;
+}
+
+TEST(ServeProcess, SigtermDrainsInFlightRequestsThenExitsCleanly) {
+  const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
+  ServerProcess p = start_server(model, "--shutdown-timeout 30");
+  ASSERT_GT(p.port, 0) << "the server did not print its address";
+  httplib::Client cli("127.0.0.1", p.port);
+  cli.set_read_timeout(60, 0);
+  auto health = cli.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+
+  // A long streaming request; SIGTERM arrives once its first event is in.
+  std::atomic<bool> first_event{false};
+  std::string streamed;
+  int status = 0;
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", p.port);
+    c.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = R"({"prompt": "drain me", "max_tokens": 300, "temperature": 0, "ignore_eos": true, "stream": true})";
+    req.set_header("Content-Type", "application/json");
+    req.response_handler = [&](const httplib::Response& r) {
+      status = r.status;
+      return true;
+    };
+    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+      streamed.append(d, n);
+      if (streamed.find("data: {") != std::string::npos) first_event = true;
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err;
+    c.send(req, res, err);
+  });
+  for (int i = 0; i < 2000 && !first_event; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(first_event.load());
+  ASSERT_EQ(kill(p.pid, SIGTERM), 0);
+
+  client.join();
+  EXPECT_EQ(status, 200);
+  EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << "the in-flight request finished";
+  EXPECT_NE(streamed.find("\"finish_reason\":\"length\""), std::string::npos);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(p.pid, &wstatus, 0), p.pid);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "exit status " << wstatus;
+  std::fclose(p.stderr_stream);
+}
+
+// The listening socket's local address, from /proc/net/tcp ("0100007F" is
+// 127.0.0.1), or "" if no listener on that port.
+std::string listen_address(int port) {
+  FILE* f = std::fopen("/proc/net/tcp", "r");
+  if (f == nullptr) return "";
+  char line[512];
+  char want[8];
+  std::snprintf(want, sizeof want, "%04X", port);
+  std::string found;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    char local[64] = {}, remote[64] = {}, state[8] = {};
+    if (std::sscanf(line, " %*d: %63s %63s %7s", local, remote, state) != 3) continue;
+    const std::string l(local);
+    const size_t colon = l.find(':');
+    if (colon != std::string::npos && l.substr(colon + 1) == want && std::string(state) == "0A") found = l.substr(0, colon);
+  }
+  std::fclose(f);
+  return found;
+}
+
+TEST(ServeProcess, BindsLoopbackByDefault) {
+  const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
+  ServerProcess p = start_server(model, "");
+  ASSERT_GT(p.port, 0);
+  EXPECT_EQ(listen_address(p.port), "0100007F");
+  kill(p.pid, SIGTERM);
+  int wstatus = 0;
+  waitpid(p.pid, &wstatus, 0);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  std::fclose(p.stderr_stream);
+}
+
+}  // namespace
+}  // namespace tandem
