@@ -29,6 +29,7 @@
 #include "model/model.h"
 #include "model_fixtures.h"
 #include "server/api_error.h"
+#include "loadgen/loadgen.h"
 #include "server/http_server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -1039,6 +1040,37 @@ TEST_F(ServerApi, ClientDisconnectAbortsTheRequest) {
 
 // ---------------------------------------------------------------------------
 // Authentication and the body limit (a second server)
+
+// The load generator (`tandem bench serve`) against this server: every request
+// counted, the token lengths as asked, the prefix-cache hit rate read from usage.
+TEST_F(ServerApi, LoadGeneratorMeasuresASweep) {
+  loadgen::LoadConfig c;
+  c.url = "http://127.0.0.1:" + std::to_string(port());
+  c.concurrency = {1, 3};
+  c.requests_per_level = 6;
+  c.input_words = 40;
+  c.shared_prefix_words = 32;  // every prompt starts alike: the cache must hit
+  c.output_tokens = 7;
+  std::vector<std::string> progress;
+  const auto results = loadgen::run_sweep(c, [&](const std::string& line) { progress.push_back(line); });
+  ASSERT_EQ(results.size(), 2u);
+  for (const auto& r : results) {
+    EXPECT_EQ(r.requests, 6);
+    EXPECT_EQ(r.errors, 0) << r.first_error;
+    EXPECT_DOUBLE_EQ(r.mean_output_tokens, 7.0);
+    EXPECT_GT(r.mean_input_tokens, 40.0);  // at least one token per word
+    EXPECT_GT(r.output_tokens_per_s, 0.0);
+    EXPECT_LE(r.ttft_s.p50, r.e2e_s.p50);
+    EXPECT_LE(r.e2e_s.p50, r.e2e_s.p99);
+  }
+  EXPECT_GT(results[1].prefix_cache_hit_rate, 0.3);
+  const nlohmann::json j = nlohmann::json::parse(loadgen::results_to_json(c, results));
+  EXPECT_EQ(j["levels"].size(), 2u);
+  EXPECT_EQ(j["levels"][1]["concurrency"], 3);
+  // The sweep stops after a level whose p99 latency exceeds the bound.
+  c.max_p99_e2e_s = 1e-9;
+  EXPECT_EQ(loadgen::run_sweep(c, nullptr).size(), 1u);
+}
 
 TEST(ServerAuth, ApiKeyIsRequiredExceptForHealthAndMetrics) {
   ServerConfig sc;
