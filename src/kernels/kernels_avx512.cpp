@@ -119,6 +119,7 @@ inline void tile_q8_0(const GemmArgs& a, int64_t r0, int64_t t0) {
   const int64_t n_blocks = a.k / 32;
   for (int64_t b = 0; b < n_blocks; ++b) {
     for (int r = 0; r < R; ++r) {
+      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + b) + kPrefetchBytes, _MM_HINT_T0);
       const float dw = _cvtsh_ss(w[r][b].d);
       for (int t = 0; t < T; ++t) {
         __m256 s = _mm256_cvtepi32_ps(dot_block_i32(w[r][b].qs, x[t][b].qs));
