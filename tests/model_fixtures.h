@@ -3,11 +3,15 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 
 #include <unistd.h>
 
+#include "gguf/gguf.h"
 #include "model/make_model.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tandem::testing {
 
@@ -27,6 +31,25 @@ inline std::string tiny_model_path(const std::string& arch, kernels::DType dtype
   make_model(o, path);
   made[key] = path;
   return path;
+}
+
+// The tiny llama f16 model loaded once, with its tokenizer (engine and
+// server tests share it).
+struct LoadedTinyModel {
+  std::shared_ptr<const gguf::File> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+inline LoadedTinyModel& tiny_llama_f16() {
+  static LoadedTinyModel m = [] {
+    LoadedTinyModel x;
+    x.file = std::make_shared<const gguf::File>(gguf::File::open(tiny_model_path("llama", kernels::DType::kF16)));
+    x.model = Model::load(x.file);
+    x.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*x.file));
+    return x;
+  }();
+  return m;
 }
 
 }  // namespace tandem::testing

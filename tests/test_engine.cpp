@@ -22,22 +22,7 @@
 namespace tandem {
 namespace {
 
-struct Fixture {
-  std::shared_ptr<const gguf::File> file;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-};
-
-Fixture& fixture() {
-  static Fixture f = [] {
-    Fixture x;
-    x.file = std::make_shared<const gguf::File>(gguf::File::open(testing::tiny_model_path("llama", kernels::DType::kF16)));
-    x.model = Model::load(x.file);
-    x.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*x.file));
-    return x;
-  }();
-  return f;
-}
+testing::LoadedTinyModel& fixture() { return testing::tiny_llama_f16(); }
 
 // Everything one request produced, gathered from its outputs.
 struct Collected {

@@ -42,23 +42,7 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kServedName = "tiny-test";
 constexpr int kMaxModelLen = 512;  // the tiny preset's context
 
-struct LoadedModel {
-  std::shared_ptr<const gguf::File> file;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-};
-
-LoadedModel& tiny() {
-  static LoadedModel m = [] {
-    LoadedModel x;
-    x.file = std::make_shared<const gguf::File>(
-        gguf::File::open(testing::tiny_model_path("llama", kernels::DType::kF16)));
-    x.model = Model::load(x.file);
-    x.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*x.file));
-    return x;
-  }();
-  return m;
-}
+testing::LoadedTinyModel& tiny() { return testing::tiny_llama_f16(); }
 
 EngineConfig engine_config() {
   EngineConfig c;

@@ -1,5 +1,4 @@
 // `tandem generate`: stream a continuation of a prompt, then report speed.
-#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -8,7 +7,8 @@
 #include "cli/commands.h"
 #include "cli/demo_model.h"
 #include "cli/loaded_model.h"
-#include "kernels/ops.h"
+#include "engine/sampler.h"
+#include "kernels/dtype.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -16,39 +16,6 @@
 namespace tandem::cli {
 
 namespace {
-
-// Samples from softmax(logits / temperature); temperature 0 is greedy.
-class TokenSampler {
- public:
-  TokenSampler(float temperature, uint64_t seed) : temperature_(temperature), state_(seed) {}
-
-  int32_t sample(const float* logits, int64_t n) {
-    if (temperature_ <= 0.0f) return static_cast<int32_t>(kernels::argmax(logits, n));
-    probs_.assign(logits, logits + n);
-    for (float& p : probs_) p /= temperature_;
-    kernels::softmax(probs_.data(), n);
-    const double u = uniform();
-    double acc = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-      acc += probs_[static_cast<size_t>(i)];
-      if (u < acc) return static_cast<int32_t>(i);
-    }
-    return static_cast<int32_t>(n - 1);
-  }
-
- private:
-  double uniform() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return static_cast<double>(z >> 11) / static_cast<double>(1ull << 53);
-  }
-
-  float temperature_;
-  uint64_t state_;
-  std::vector<float> probs_;
-};
 
 struct GenerateArgs {
   std::string model_path;
@@ -95,13 +62,17 @@ void run_generate(const GenerateArgs& a) {
   }
   const double prefill_s = prefill_sw.elapsed_s();
 
-  TokenSampler sampler(a.temperature, a.seed);
+  SamplingParams sampling;
+  sampling.temperature = a.temperature;  // 0 = greedy; otherwise plain temperature sampling
+  sampling.seed = a.seed;
+  SequenceSampler sampler(sampling, SequenceSampler::derive_seed(sampling, 0, 0), prompt);
   IncrementalDetokenizer detok(*lm.tokenizer);
   int n_generated = 0;
   int32_t pos = static_cast<int32_t>(prompt.size());
   Stopwatch gen_sw;
   for (int i = 0; i < a.n_predict; ++i) {
-    const int32_t tok = sampler.sample(logits.data(), c.n_vocab);
+    const int32_t tok = sampler.sample(std::span<const float>(logits.data(), static_cast<size_t>(c.n_vocab))).token;
+    sampler.accept(tok);
     ++n_generated;
     if (!a.ignore_eos && lm.tokenizer->is_end_of_generation(tok)) break;
     std::fputs(detok.push(tok).c_str(), stdout);

@@ -43,7 +43,6 @@ class SequenceSampler {
   static uint64_t derive_seed(const SamplingParams& params, int32_t index, uint64_t fallback_entropy);
 
  private:
-  struct Impl;
   // The random part of sample(): temperature, top-k, top-p, min-p and the draw
   // over scratch_ (the biased, penalized logits); returns the token id.
   int64_t draw(int64_t n_vocab);

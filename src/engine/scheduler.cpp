@@ -47,7 +47,6 @@ void Scheduler::remove(Sequence* seq) {
 void Scheduler::preempt(Sequence* seq) {
   release_blocks(*seq);
   seq->n_computed = 0;
-  ++total_preemptions_;
   add_waiting(seq);
 }
 

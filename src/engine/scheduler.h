@@ -73,8 +73,6 @@ class Scheduler {
   int64_t n_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t n_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
-  // Requests that have been preempted at least once can report it.
-  int64_t total_preemptions() const { return total_preemptions_; }
 
  private:
   // Gives `seq` blocks for positions [start, start + length) (and a private
@@ -87,7 +85,6 @@ class Scheduler {
   BlockManager& blocks_;
   std::vector<Sequence*> running_;  // arrival order
   std::deque<Sequence*> waiting_;   // arrival order
-  int64_t total_preemptions_ = 0;
 };
 
 }  // namespace tandem

@@ -38,14 +38,12 @@ void histogram(std::string& out, const char* name, const char* help, const Histo
 std::string render_prometheus(const EngineMetrics& m, const std::string& model, const bool ready) {
   std::string out;
   const std::string l = "model_name=\"" + model + "\"";
-  auto gauge = [&](const char* name, const char* help, double v) {
-    header(out, name, "gauge", help);
+  auto series = [&](const char* type, const char* name, const char* help, double v) {
+    header(out, name, type, help);
     line(out, name, l, v);
   };
-  auto counter = [&](const char* name, const char* help, double v) {
-    header(out, name, "counter", help);
-    line(out, name, l, v);
-  };
+  auto gauge = [&](const char* name, const char* help, double v) { series("gauge", name, help, v); };
+  auto counter = [&](const char* name, const char* help, double v) { series("counter", name, help, v); };
   gauge("tandem_ready", "1 while the server admits requests, 0 while draining", ready ? 1 : 0);
   gauge("tandem_num_requests_running", "Sequences in the running set", static_cast<double>(m.running.load()));
   gauge("tandem_num_requests_waiting", "Sequences waiting to be scheduled", static_cast<double>(m.waiting.load()));
