@@ -10,5 +10,6 @@ void add_make_model(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_sim(CLI::App& app);
 
 }  // namespace tandem::cli

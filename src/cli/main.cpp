@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_generate(app);
   tandem::cli::add_bench(app);
   tandem::cli::add_serve(app);
+  tandem::cli::add_sim(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,491 @@
+#include "pd/decode_side.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace tandem::pd {
+
+DecodeSide::DecodeSide(NodeId id, Epoch epoch, int32_t capacity_blocks,
+                       const ProtocolConfig& config)
+    : NodeCore(id, epoch, Role::kDecode, capacity_blocks, config) {}
+
+const DecodeTransfer* DecodeSide::find(TransferId transfer) const {
+  auto it = transfers_.find(transfer);
+  return it == transfers_.end() ? nullptr : &it->second;
+}
+
+Outbox* DecodeSide::outbox_of(TransferId transfer) {
+  auto it = transfers_.find(transfer);
+  return it == transfers_.end() ? nullptr : &it->second.outbox;
+}
+
+std::array<int64_t, kDecodeStateCount> DecodeSide::count_by_state() const {
+  std::array<int64_t, kDecodeStateCount> counts{};
+  for (const auto& [id, t] : transfers_) ++counts[static_cast<int>(t.state)];
+  return counts;
+}
+
+int64_t DecodeSide::blocks_held() const {
+  int64_t n = 0;
+  for (const auto& [id, t] : transfers_) n += static_cast<int64_t>(t.blocks.size());
+  return n;
+}
+
+int64_t DecodeSide::slots_held() const {
+  int64_t n = 0;
+  for (const auto& [id, t] : transfers_) n += t.slot != kNoSlot ? 1 : 0;
+  return n;
+}
+
+std::string DecodeSide::check_sibling_maps() const {
+  size_t forward = 0;
+  for (const auto& [transfer, siblings] : siblings_by_transfer_) {
+    forward += siblings.size();
+    for (SiblingId s : siblings) {
+      auto it = transfer_by_sibling_.find(s);
+      if (it == transfer_by_sibling_.end() || it->second != transfer)
+        return "sibling " + std::to_string(s) + " listed under transfer " +
+               std::to_string(transfer) + " but mapped elsewhere";
+    }
+  }
+  for (const auto& [sibling, transfer] : transfer_by_sibling_) {
+    auto it = siblings_by_transfer_.find(transfer);
+    if (it == siblings_by_transfer_.end() ||
+        std::count(it->second.begin(), it->second.end(), sibling) != 1)
+      return "sibling " + std::to_string(sibling) + " maps to transfer " +
+             std::to_string(transfer) + ", which does not list it exactly once";
+  }
+  if (forward != transfer_by_sibling_.size()) return "sibling maps differ in size";
+  return "";
+}
+
+void DecodeSide::set_state(DecodeTransfer& t, DecodeState state, TimeMs now_ms) {
+  t.state = state;
+  t.state_since_ms = now_ms;
+  ++stats_.state_entries[static_cast<int>(state)];
+}
+
+void DecodeSide::add_sibling(TransferId transfer, SiblingId sibling) {
+  transfer_by_sibling_[sibling] = transfer;
+  if (config_.mutation == Mutation::kOneToOneSiblingMap) {
+    siblings_by_transfer_[transfer] = {sibling};  // mutation 2: the last sibling wins
+  } else {
+    siblings_by_transfer_[transfer].push_back(sibling);
+  }
+}
+
+void DecodeSide::handle(const Message& m, TimeMs now_ms, Outputs* out) {
+  if (m.kind == MessageKind::kStartDecode) return on_start(m, now_ms, out);
+  auto it = transfers_.find(m.transfer);
+  if (it == transfers_.end()) {
+    if (m.kind == MessageKind::kAbort || m.kind == MessageKind::kRelease) {
+      bool abort = m.kind == MessageKind::kAbort;
+      DecodeTransfer& t = transfers_[m.transfer];
+      start_tombstone(t, m.transfer, abort ? m.peer : m.from, abort ? m.peer_epoch : m.from_epoch,
+                      abort ? EndReason::kRouterAbort : EndReason::kPeerReleased, now_ms, out);
+      t.peer_released = !abort;
+      set_state(t, DecodeState::kEnded, now_ms);
+      schedule_next(t);
+      send_ack(m, out);
+      return;
+    }
+    // Never seen: no answer, the sender retransmits if it must (this covers a
+    // peer's message overtaking the router's Start).
+    return drop(DropReason::kUnknown);
+  }
+  if (m.kind == MessageKind::kAbort) {
+    if (!it->second.ending) {
+      end_transfer(it->second, EndReason::kRouterAbort, now_ms, out);
+    } else {
+      drop(DropReason::kEnded);
+    }
+    send_ack(m, out);
+    return;
+  }
+  DecodeTransfer& t = it->second;
+  if (m.from != t.peer) return drop(DropReason::kWrongPeer);
+  if (m.from_epoch != t.peer_epoch) return drop(DropReason::kStaleEpoch);
+  if (t.state == DecodeState::kEnded) return answer_ended(t, m, now_ms, out);
+  switch (m.kind) {
+    case MessageKind::kWriteDone:
+      return on_write_done(t, m, now_ms, out);
+    case MessageKind::kKvAddresses:
+      return on_kv_addresses(t, m, now_ms, out);
+    case MessageKind::kRelease:
+      return on_release(t, m, now_ms, out);
+    default:
+      return drop(DropReason::kUnknown);
+  }
+}
+
+void DecodeSide::on_start(const Message& m, TimeMs now_ms, Outputs* out) {
+  send_ack(m, out);
+  auto [it, inserted] = transfers_.try_emplace(m.transfer);
+  DecodeTransfer& t = it->second;
+  if (!inserted) {
+    drop(t.state == DecodeState::kEnded ? DropReason::kEnded : DropReason::kDuplicate);
+    return;
+  }
+  TANDEM_ASSERT(m.prompt_tokens >= 1 && m.n_siblings >= 1);
+  t.id = m.transfer;
+  t.mode = m.mode;
+  t.peer = m.peer;
+  t.peer_epoch = m.peer_epoch;
+  t.prompt_tokens = m.prompt_tokens;
+  t.n_siblings = m.n_siblings;
+  t.max_tokens = m.max_tokens;
+  t.router = m.from;
+  t.router_epoch = m.from_epoch;
+  t.created_ms = now_ms;
+  t.deadline_ms = now_ms + m.budget_ms;
+  set_state(t, DecodeState::kAdmitting, now_ms);
+  for (int32_t i = 0; i < m.n_siblings; ++i) add_sibling(t.id, next_sibling_++);
+  std::vector<PeerDeath> deaths;
+  bool peer_alive = leases_.expect(t.peer, t.peer_epoch, now_ms, &deaths);
+  declare_deaths(deaths, now_ms, out);
+  if (!peer_alive) {
+    t.peer_dead = true;
+    end_transfer(t, EndReason::kPeerDead, now_ms, out);
+    return;
+  }
+  Effect allocate;
+  allocate.kind = EffectKind::kAllocate;
+  allocate.transfer = t.id;
+  allocate.prompt_tokens = t.prompt_tokens;
+  allocate.n_blocks =
+      decode_blocks(t.prompt_tokens, t.n_siblings, t.max_tokens, config_.block_size_tokens);
+  out->effects.push_back(std::move(allocate));
+  schedule_next(t);
+}
+
+void DecodeSide::on_blocks_allocated(TransferId transfer, std::vector<BlockId> blocks,
+                                     int32_t slot, int32_t cached_blocks, TimeMs now_ms,
+                                     Outputs* out) {
+  auto it = transfers_.find(transfer);
+  if (it == transfers_.end() || it->second.ending) {
+    Effect free;
+    free.kind = EffectKind::kFree;
+    free.transfer = transfer;
+    free.local_blocks = std::move(blocks);
+    free.local_slot = slot;
+    out->effects.push_back(std::move(free));
+    return finish(now_ms, out);
+  }
+  DecodeTransfer& t = it->second;
+  int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  TANDEM_ASSERT(!t.allocated, "allocation reported twice");
+  TANDEM_ASSERT(static_cast<int32_t>(blocks.size()) >= n_moved && cached_blocks >= 0 &&
+                    cached_blocks <= n_moved,
+                "decode engine returned a bad allocation");
+  t.blocks = std::move(blocks);
+  t.slot = slot;
+  t.cached_blocks = cached_blocks;
+  t.allocated = true;
+  if (t.mode == TransferMode::kWrite) {
+    // Expose only what must move: blocks cached_blocks..n_moved and the slot.
+    Effect expose;
+    expose.kind = EffectKind::kExpose;
+    expose.transfer = t.id;
+    expose.peer = t.peer;
+    expose.peer_epoch = t.peer_epoch;
+    expose.local_blocks.assign(t.blocks.begin() + cached_blocks, t.blocks.begin() + n_moved);
+    expose.local_slot = t.slot;
+    Message remote = make(MessageKind::kRemoteBlocks, t.peer, t.peer_epoch, t.id);
+    remote.first_block = cached_blocks;
+    remote.blocks = expose.local_blocks;
+    remote.state_slot = t.slot;
+    out->effects.push_back(std::move(expose));
+    t.exposed = true;
+    t.outbox.put(std::move(remote), now_ms, config_.retransmit_interval_ms, out);
+    set_state(t, DecodeState::kAwaitingWrite, now_ms);
+  } else if (t.addresses_known) {
+    post_read(t, now_ms, out);
+  } else {
+    set_state(t, DecodeState::kAwaitingAddresses, now_ms);
+  }
+  schedule_next(t);
+  finish(now_ms, out);
+}
+
+void DecodeSide::on_allocation_failed(TransferId transfer, TimeMs now_ms, Outputs* out) {
+  auto it = transfers_.find(transfer);
+  if (it != transfers_.end() && !it->second.ending)
+    end_transfer(it->second, EndReason::kAllocationFailed, now_ms, out);
+  finish(now_ms, out);
+}
+
+void DecodeSide::on_write_done(DecodeTransfer& t, const Message& m, TimeMs now_ms, Outputs* out) {
+  send_ack(m, out);
+  if (t.mode != TransferMode::kWrite) return drop(DropReason::kUnknown);
+  if (t.state == DecodeState::kEnded) return drop(DropReason::kEnded);
+  if (t.peer_released) return drop(DropReason::kDuplicate);
+  t.peer_released = true;
+  t.outbox.drop_kind(MessageKind::kRemoteBlocks);
+  if (t.ending) return try_finish_end(t, now_ms, out);
+  TANDEM_ASSERT(t.state == DecodeState::kAwaitingWrite, "WriteDone before our addresses went out");
+  Effect revoke;
+  revoke.kind = EffectKind::kRevokeAccess;
+  revoke.transfer = t.id;
+  out->effects.push_back(std::move(revoke));
+  t.exposed = false;
+  kv_ready(t, now_ms, out);
+}
+
+void DecodeSide::on_kv_addresses(DecodeTransfer& t, const Message& m, TimeMs now_ms,
+                                 Outputs* out) {
+  if (t.mode != TransferMode::kRead) return drop(DropReason::kUnknown);
+  send_ack(m, out);
+  if (t.addresses_known) return drop(DropReason::kDuplicate);
+  if (t.ending) {
+    // Ended before the addresses came; the prefill now holds blocks for us, so
+    // it must hear our Release (try_finish_end sends it).
+    t.addresses_known = true;
+    return try_finish_end(t, now_ms, out);
+  }
+  int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  TANDEM_ASSERT(static_cast<int32_t>(m.blocks.size()) == n_moved,
+                "prefill's address list does not cover the moved range");
+  t.addresses_known = true;
+  t.remote_blocks = m.blocks;
+  t.remote_slot = m.state_slot;
+  if (t.allocated) {
+    post_read(t, now_ms, out);
+  } else {
+    ++stats_.addresses_before_kv;
+  }
+}
+
+void DecodeSide::post_read(DecodeTransfer& t, TimeMs now_ms, Outputs* out) {
+  TANDEM_ASSERT(t.allocated && t.addresses_known && !t.rma_in_flight);
+  int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  Effect read;
+  read.kind = EffectKind::kPostRead;
+  read.transfer = t.id;
+  read.peer = t.peer;
+  read.peer_epoch = t.peer_epoch;
+  read.local_blocks.assign(t.blocks.begin() + t.cached_blocks, t.blocks.begin() + n_moved);
+  read.remote_blocks.assign(t.remote_blocks.begin() + t.cached_blocks, t.remote_blocks.end());
+  read.local_slot = t.slot;
+  read.remote_slot = t.remote_slot;
+  if (read.local_blocks.empty()) ++stats_.zero_block_transfers;
+  out->effects.push_back(std::move(read));
+  t.rma_in_flight = true;
+  set_state(t, DecodeState::kReading, now_ms);
+}
+
+void DecodeSide::on_read_done(TransferId transfer, RmaResult result, TimeMs now_ms,
+                              Outputs* out) {
+  auto it = transfers_.find(transfer);
+  TANDEM_ASSERT(it != transfers_.end() && it->second.rma_in_flight,
+                "read completion for no read in flight");
+  DecodeTransfer& t = it->second;
+  t.rma_in_flight = false;
+  if (t.ending) {
+    try_finish_end(t, now_ms, out);
+  } else if (result == RmaResult::kOk) {
+    release_to_prefill(t, now_ms, out);
+    kv_ready(t, now_ms, out);
+  } else {
+    end_transfer(t, EndReason::kRmaFailed, now_ms, out);
+  }
+  schedule_next(t);
+  finish(now_ms, out);
+}
+
+void DecodeSide::release_to_prefill(DecodeTransfer& t, TimeMs now_ms, Outputs* out) {
+  if (config_.mutation == Mutation::kReleaseWithLocalId) {
+    // Mutation 3: the release names our local id, which the prefill never saw.
+    Message release = make(MessageKind::kRelease, t.peer, t.peer_epoch, t.id);
+    release.reason = t.ending ? t.end_reason : EndReason::kCompleted;
+    auto sib = siblings_by_transfer_.find(t.id);
+    if (sib != siblings_by_transfer_.end() && !sib->second.empty())
+      release.transfer = sib->second.front();
+    out->messages.push_back(std::move(release));
+    t.release_sent = true;
+    return;
+  }
+  EndReason saved = t.end_reason;
+  if (!t.ending) t.end_reason = EndReason::kCompleted;
+  send_release(t, now_ms, out);
+  t.end_reason = saved;
+}
+
+void DecodeSide::kv_ready(DecodeTransfer& t, TimeMs now_ms, Outputs* out) {
+  const std::vector<SiblingId>& siblings = siblings_by_transfer_[t.id];
+  if (siblings.size() > 1) ++stats_.sibling_fanouts;
+  Effect start;
+  start.kind = EffectKind::kStartSiblings;
+  start.transfer = t.id;
+  start.prompt_tokens = t.prompt_tokens;
+  start.local_blocks = t.blocks;
+  start.local_slot = t.slot;
+  start.siblings = siblings;
+  out->effects.push_back(std::move(start));
+  t.siblings_started = true;
+  set_state(t, DecodeState::kDecoding, now_ms);
+}
+
+void DecodeSide::on_sibling_finished(SiblingId sibling, TimeMs now_ms, Outputs* out) {
+  auto it = transfer_by_sibling_.find(sibling);
+  if (it == transfer_by_sibling_.end()) return finish(now_ms, out);  // stopped already
+  TransferId transfer = it->second;
+  transfer_by_sibling_.erase(it);
+  auto list = siblings_by_transfer_.find(transfer);
+  if (list != siblings_by_transfer_.end()) {
+    std::erase(list->second, sibling);
+    if (list->second.empty()) {
+      siblings_by_transfer_.erase(list);
+      auto t = transfers_.find(transfer);
+      TANDEM_ASSERT(t != transfers_.end(), "sibling of an unknown transfer");
+      end_transfer(t->second, EndReason::kCompleted, now_ms, out);
+    }
+  }
+  finish(now_ms, out);
+}
+
+void DecodeSide::on_release(DecodeTransfer& t, const Message& m, TimeMs now_ms, Outputs* out) {
+  send_ack(m, out);
+  if (t.state == DecodeState::kEnded) return drop(DropReason::kEnded);
+  if (t.peer_released) return drop(DropReason::kDuplicate);
+  t.peer_released = true;
+  t.outbox.drop_kind(MessageKind::kRemoteBlocks);
+  if (t.ending) return try_finish_end(t, now_ms, out);
+  if (t.state == DecodeState::kDecoding) {
+    // The prefill is done with us (READ: after our read); nothing to end.
+    return;
+  }
+  end_transfer(t, EndReason::kPeerReleased, now_ms, out);
+}
+
+void DecodeSide::on_ack(TransferId, MessageKind, TimeMs, Outputs*) {}
+
+void DecodeSide::end_transfer(DecodeTransfer& t, EndReason reason, TimeMs now_ms, Outputs* out) {
+  if (t.ending) return;
+  t.ending = true;
+  t.end_reason = reason;
+  ++stats_.ends[static_cast<int>(reason)];
+  if (t.state == DecodeState::kAdmitting && !t.allocated) {
+    Effect cancel;
+    cancel.kind = EffectKind::kCancel;
+    cancel.transfer = t.id;
+    out->effects.push_back(std::move(cancel));
+  }
+  auto list = siblings_by_transfer_.find(t.id);
+  if (list != siblings_by_transfer_.end()) {
+    if (t.siblings_started) {
+      Effect stop;
+      stop.kind = EffectKind::kStopSiblings;
+      stop.transfer = t.id;
+      stop.siblings = list->second;
+      out->effects.push_back(std::move(stop));
+    }
+    for (SiblingId s : list->second) transfer_by_sibling_.erase(s);
+    siblings_by_transfer_.erase(list);
+  }
+  report_outcome(t, now_ms, out);
+  try_finish_end(t, now_ms, out);
+}
+
+void DecodeSide::free_blocks(DecodeTransfer& t, Outputs* out) {
+  if (t.blocks.empty() && t.slot == kNoSlot) return;
+  Effect free;
+  free.kind = EffectKind::kFree;
+  free.transfer = t.id;
+  free.local_blocks = std::move(t.blocks);
+  free.local_slot = t.slot;
+  out->effects.push_back(std::move(free));
+  t.blocks.clear();
+  t.slot = kNoSlot;
+}
+
+void DecodeSide::try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out) {
+  if (t.state == DecodeState::kEnded) return;
+  bool peer_can_reach = t.exposed && !t.peer_released && !t.peer_dead;
+  if (t.rma_in_flight || peer_can_reach) {
+    if (t.state != DecodeState::kQuarantined) {
+      ++stats_.quarantines;
+      set_state(t, DecodeState::kQuarantined, now_ms);
+      t.quarantined_ms = now_ms;
+    }
+    // Tell the prefill to stop (it answers with its own Release once its write is over).
+    if (!t.release_sent && !forgot_us(t) && !t.rma_in_flight) send_release(t, now_ms, out);
+    bool mutation_timeout = config_.mutation == Mutation::kFreeQuarantineOnTimeout &&
+                            !t.rma_in_flight &&
+                            now_ms >= t.quarantined_ms + config_.mutation_quarantine_timeout_ms;
+    if (!mutation_timeout) {
+      schedule_next(t);
+      return;
+    }
+    // Mutation 4: give the blocks back while the live prefill can still write them.
+    t.exposed = false;
+  }
+  if (t.exposed) {
+    Effect revoke;
+    revoke.kind = EffectKind::kRevokeAccess;
+    revoke.transfer = t.id;
+    out->effects.push_back(std::move(revoke));
+    t.exposed = false;
+  }
+  free_blocks(t, out);
+  t.outbox.drop_kind(MessageKind::kRemoteBlocks);
+  bool peer_exposed_to_us = t.mode == TransferMode::kRead && t.addresses_known;
+  if (!t.release_sent && !forgot_us(t) && (!t.peer_released || peer_exposed_to_us)) {
+    if (t.mode == TransferMode::kRead && config_.mutation == Mutation::kReleaseWithLocalId) {
+      release_to_prefill(t, now_ms, out);
+    } else {
+      send_release(t, now_ms, out);
+    }
+  }
+  if (forgot_us(t)) t.outbox.drop_to(t.peer, t.peer_epoch);
+  t.ended_ms = now_ms;
+  set_state(t, DecodeState::kEnded, now_ms);
+  schedule_next(t);
+}
+
+void DecodeSide::schedule_next(DecodeTransfer& t) {
+  TimeMs next = t.outbox.next_due_ms();
+  if (t.state == DecodeState::kEnded) {
+    // Forgotten at the TTL, but only once nothing is left to retransmit.
+    if (t.outbox.empty()) next = std::min(next, t.ended_ms + config_.tombstone_ttl_ms);
+  } else if (t.state == DecodeState::kQuarantined) {
+    if (config_.mutation == Mutation::kFreeQuarantineOnTimeout)
+      next = std::min(next, t.quarantined_ms + config_.mutation_quarantine_timeout_ms);
+  } else if (!t.ending) {
+    next = std::min(next, t.deadline_ms);
+  }
+  schedule(t.id, next);
+}
+
+void DecodeSide::service(TransferId transfer, TimeMs now_ms, Outputs* out) {
+  auto it = transfers_.find(transfer);
+  if (it == transfers_.end()) return;
+  DecodeTransfer& t = it->second;
+  auto end = [&](EndReason reason) { end_transfer(t, reason, now_ms, out); };
+  service_outbox(t, now_ms, out, end);
+  if (t.state == DecodeState::kQuarantined) try_finish_end(t, now_ms, out);
+  if (t.state == DecodeState::kEnded && t.outbox.empty() &&
+      now_ms >= t.ended_ms + config_.tombstone_ttl_ms) {
+    ++stats_.tombstones_expired;
+    transfers_.erase(it);
+    return;
+  }
+  schedule_next(t);
+}
+
+void DecodeSide::on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) {
+  for (auto& [id, t] : transfers_) {
+    if (t.peer != death.node || t.peer_epoch != death.epoch || t.peer_dead) continue;
+    t.peer_dead = true;
+    // A lease can expire on a live peer cut off for a while: keep telling it
+    // (it may still wait for us), unless it restarted and forgot everything.
+    if (leases_.is_superseded(death.node, death.epoch)) t.outbox.drop_to(death.node, death.epoch);
+    if (!t.ending) {
+      end_transfer(t, EndReason::kPeerDead, now_ms, out);
+    } else {
+      try_finish_end(t, now_ms, out);
+    }
+  }
+}
+
+}  // namespace tandem::pd

@@ -1,0 +1,83 @@
+// The decode instance's side of the transfer protocol (sans-IO).
+//
+// It admits a request (allocating blocks, which may take long), receives the
+// KV of the first N-1 prompt tokens (written by the prefill, or read from it),
+// and forks the request's siblings, which all share the one transfer id.
+#pragma once
+
+#include <array>
+#include <map>
+
+#include "pd/node_core.h"
+
+namespace tandem::pd {
+
+struct DecodeTransfer : TransferBase {
+  DecodeState state = DecodeState::kAdmitting;
+  int32_t n_siblings = 1;
+  int32_t max_tokens = 0;
+  bool allocated = false;
+  int32_t cached_blocks = 0;  // leading moved blocks already in this instance's prefix cache
+  // The prefill's blocks and slot (READ).
+  std::vector<BlockId> remote_blocks;
+  int32_t remote_slot = kNoSlot;
+  bool siblings_started = false;
+  TimeMs quarantined_ms = kNever;  // mutation 4 only
+};
+
+class DecodeSide : public NodeCore {
+ public:
+  DecodeSide(NodeId id, Epoch epoch, int32_t capacity_blocks, const ProtocolConfig& config);
+
+  // Engine reports. `blocks` are the request's blocks (prompt, then outputs);
+  // the first `cached_blocks` of them already hold the prompt's KV (prefix cache).
+  void on_blocks_allocated(TransferId transfer, std::vector<BlockId> blocks, int32_t slot,
+                           int32_t cached_blocks, TimeMs now_ms, Outputs* out);
+  void on_allocation_failed(TransferId transfer, TimeMs now_ms, Outputs* out);
+  void on_read_done(TransferId transfer, RmaResult result, TimeMs now_ms, Outputs* out);
+  void on_sibling_finished(SiblingId sibling, TimeMs now_ms, Outputs* out);
+
+  // Inspection.
+  const DecodeTransfer* find(TransferId transfer) const;
+  const std::map<TransferId, DecodeTransfer>& transfers() const { return transfers_; }
+  std::array<int64_t, kDecodeStateCount> count_by_state() const;
+  int64_t blocks_held() const;
+  int64_t slots_held() const;
+  // Siblings are children of their transfer: transfer -> {siblings} and
+  // sibling -> transfer must describe the same relation. Returns "" when they
+  // do, else what is wrong.
+  std::string check_sibling_maps() const;
+  const std::map<TransferId, std::vector<SiblingId>>& siblings_by_transfer() const {
+    return siblings_by_transfer_;
+  }
+
+ protected:
+  void handle(const Message& message, TimeMs now_ms, Outputs* out) override;
+  void on_ack(TransferId transfer, MessageKind acked, TimeMs now_ms, Outputs* out) override;
+  Outbox* outbox_of(TransferId transfer) override;
+  void service(TransferId transfer, TimeMs now_ms, Outputs* out) override;
+  void on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) override;
+
+ private:
+  void on_start(const Message& message, TimeMs now_ms, Outputs* out);
+  void on_write_done(DecodeTransfer& t, const Message& message, TimeMs now_ms, Outputs* out);
+  void on_kv_addresses(DecodeTransfer& t, const Message& message, TimeMs now_ms, Outputs* out);
+  void on_release(DecodeTransfer& t, const Message& message, TimeMs now_ms, Outputs* out);
+  void add_sibling(TransferId transfer, SiblingId sibling);
+  void post_read(DecodeTransfer& t, TimeMs now_ms, Outputs* out);
+  void kv_ready(DecodeTransfer& t, TimeMs now_ms, Outputs* out);
+  void release_to_prefill(DecodeTransfer& t, TimeMs now_ms, Outputs* out);
+  void set_state(DecodeTransfer& t, DecodeState state, TimeMs now_ms);
+  void end_transfer(DecodeTransfer& t, EndReason reason, TimeMs now_ms, Outputs* out);
+  void try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out);
+  void free_blocks(DecodeTransfer& t, Outputs* out);
+  void schedule_next(DecodeTransfer& t);
+
+  std::map<TransferId, DecodeTransfer> transfers_;
+  std::map<TransferId, std::vector<SiblingId>> siblings_by_transfer_;
+  std::map<SiblingId, TransferId> transfer_by_sibling_;
+  // Local ids live in their own range so that one can never pass for a transfer id.
+  SiblingId next_sibling_ = SiblingId{1} << 40;
+};
+
+}  // namespace tandem::pd

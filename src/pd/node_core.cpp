@@ -1,0 +1,234 @@
+#include "pd/node_core.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace tandem::pd {
+
+void Outbox::put(Message message, TimeMs now_ms, TimeMs interval_ms, Outputs* out) {
+  std::erase_if(pending_, [&](const PendingSend& p) {
+    return p.message.kind == message.kind && p.message.to == message.to;
+  });
+  out->messages.push_back(message);
+  pending_.push_back({std::move(message), now_ms + interval_ms, 1});
+}
+
+bool Outbox::ack(NodeId from, MessageKind kind) {
+  auto it = std::find_if(pending_.begin(), pending_.end(), [&](const PendingSend& p) {
+    return p.message.kind == kind && p.message.to == from;
+  });
+  if (it == pending_.end()) return false;
+  pending_.erase(it);
+  return true;
+}
+
+void Outbox::drop_to(NodeId node, Epoch epoch) {
+  std::erase_if(pending_, [&](const PendingSend& p) {
+    return p.message.to == node && p.message.to_epoch == epoch;
+  });
+}
+
+void Outbox::drop_kind(MessageKind kind) {
+  std::erase_if(pending_, [&](const PendingSend& p) { return p.message.kind == kind; });
+}
+
+bool Outbox::has(MessageKind kind) const {
+  return std::any_of(pending_.begin(), pending_.end(),
+                     [&](const PendingSend& p) { return p.message.kind == kind; });
+}
+
+int Outbox::service(TimeMs now_ms, TimeMs interval_ms, int32_t max_sends, Outputs* out,
+                    int64_t* retransmits) {
+  int exhausted = 0;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->next_send_ms > now_ms) {
+      ++it;
+      continue;
+    }
+    if (it->sends >= max_sends) {
+      ++exhausted;
+      it = pending_.erase(it);
+      continue;
+    }
+    out->messages.push_back(it->message);
+    ++it->sends;
+    ++*retransmits;
+    it->next_send_ms = now_ms + interval_ms;
+    ++it;
+  }
+  return exhausted;
+}
+
+TimeMs Outbox::next_due_ms() const {
+  TimeMs next = kNever;
+  for (const PendingSend& p : pending_) next = std::min(next, p.next_send_ms);
+  return next;
+}
+
+NodeCore::NodeCore(NodeId id, Epoch epoch, Role role, int32_t capacity_blocks,
+                   const ProtocolConfig& config)
+    : id_(id), epoch_(epoch), role_(role), capacity_blocks_(capacity_blocks), config_(config),
+      leases_(config.lease_ms) {
+  TANDEM_ASSERT(config.tombstone_ttl_ms > config.lease_ms,
+                "tombstones must outlive a lease so late messages get an answer");
+  TANDEM_ASSERT(epoch > 0, "epoch 0 means 'any' in heartbeats");
+}
+
+void NodeCore::start(TimeMs now_ms, Outputs* out) {
+  next_heartbeat_ms_ = now_ms;
+  on_timer(now_ms, out);
+}
+
+Message NodeCore::make(MessageKind kind, NodeId to, Epoch to_epoch, TransferId transfer) const {
+  Message m;
+  m.kind = kind;
+  m.from = id_;
+  m.from_epoch = epoch_;
+  m.to = to;
+  m.to_epoch = to_epoch;
+  m.transfer = transfer;
+  return m;
+}
+
+void NodeCore::send_ack(const Message& received, Outputs* out) const {
+  Message ack = make(MessageKind::kAck, received.from, received.from_epoch, received.transfer);
+  ack.acked = received.kind;
+  out->messages.push_back(std::move(ack));
+}
+
+void NodeCore::answer_ended(TransferBase& t, const Message& message, TimeMs now_ms,
+                            Outputs* out) {
+  drop(DropReason::kEnded);
+  bool data = message.kind == MessageKind::kRemoteBlocks || message.kind == MessageKind::kKvAddresses;
+  if (!data) send_ack(message, out);
+  if (!t.release_sent) {
+    send_release(t, now_ms, out);
+    schedule(t.id, t.outbox.next_due_ms());
+  } else if (data) {
+    Message release = make(MessageKind::kRelease, t.peer, t.peer_epoch, t.id);
+    release.reason = t.end_reason;
+    out->messages.push_back(std::move(release));
+  }
+}
+
+void NodeCore::start_tombstone(TransferBase& t, TransferId id, NodeId peer, Epoch peer_epoch,
+                               EndReason reason, TimeMs now_ms, Outputs* out) {
+  t.id = id;
+  t.peer = peer;
+  t.peer_epoch = peer_epoch;
+  t.ending = true;
+  t.end_reason = reason;
+  t.ended_ms = now_ms;
+  ++stats_.unknown_abort_tombstones;
+  if (forgot_us(t)) {
+    t.peer_dead = true;
+    return;
+  }
+  send_release(t, now_ms, out);
+}
+
+void NodeCore::send_release(TransferBase& t, TimeMs now_ms, Outputs* out) {
+  Message release = make(MessageKind::kRelease, t.peer, t.peer_epoch, t.id);
+  release.reason = t.end_reason;
+  t.outbox.put(std::move(release), now_ms, config_.retransmit_interval_ms, out);
+  t.release_sent = true;
+}
+
+void NodeCore::report_outcome(TransferBase& t, TimeMs now_ms, Outputs* out) {
+  switch (t.end_reason) {
+    case EndReason::kRouterAbort:
+    case EndReason::kClientAbort:
+    case EndReason::kPeerReleased:
+      return;
+    default:
+      break;
+  }
+  if (t.router == 0) return;
+  Message outcome = make(MessageKind::kOutcome, t.router, t.router_epoch, t.id);
+  outcome.reason = t.end_reason;
+  t.outbox.put(std::move(outcome), now_ms, config_.retransmit_interval_ms, out);
+}
+
+void NodeCore::schedule(TransferId transfer, TimeMs at_ms) {
+  if (at_ms != kNever) timers_.push({at_ms, transfer});
+}
+
+void NodeCore::declare_deaths(std::vector<PeerDeath>& deaths, TimeMs now_ms, Outputs* out) {
+  for (const PeerDeath& death : deaths) {
+    ++stats_.peer_deaths;
+    on_peer_death(death, now_ms, out);
+  }
+  deaths.clear();
+}
+
+void NodeCore::on_message(const Message& message, TimeMs now_ms, Outputs* out) {
+  TANDEM_ASSERT(message.to == id_, "message delivered to the wrong node");
+  ++stats_.received[static_cast<int>(message.kind)];
+  std::vector<PeerDeath> deaths;
+  if (message.kind == MessageKind::kHeartbeat) {
+    if (!leases_.heard(message.from, message.from_epoch, message.role, message.capacity_blocks,
+                       now_ms, &deaths))
+      drop(DropReason::kStaleEpoch);
+    declare_deaths(deaths, now_ms, out);
+    on_heartbeat(now_ms, out);
+  } else if (message.to_epoch != epoch_ || leases_.is_superseded(message.from, message.from_epoch)) {
+    drop(DropReason::kStaleEpoch);
+  } else if (message.kind == MessageKind::kAck) {
+    Outbox* outbox = outbox_of(message.transfer);
+    if (outbox == nullptr) {
+      drop(DropReason::kUnknown);
+    } else if (!outbox->ack(message.from, message.acked)) {
+      drop(DropReason::kDuplicate);
+    } else {
+      on_ack(message.transfer, message.acked, now_ms, out);
+      schedule(message.transfer, now_ms + 1);
+    }
+  } else {
+    handle(message, now_ms, out);
+  }
+  finish(now_ms, out);
+}
+
+void NodeCore::on_timer(TimeMs now_ms, Outputs* out) {
+  if (now_ms >= next_heartbeat_ms_) {
+    for (NodeId node : heartbeat_targets_) {
+      Message hb = make(MessageKind::kHeartbeat, node, 0, 0);
+      hb.role = role_;
+      hb.capacity_blocks = capacity_blocks_;
+      out->messages.push_back(std::move(hb));
+    }
+    next_heartbeat_ms_ = now_ms + config_.heartbeat_interval_ms;
+  }
+  std::vector<PeerDeath> deaths;
+  leases_.expire(now_ms, &deaths);
+  declare_deaths(deaths, now_ms, out);
+  std::vector<TransferId> due;
+  while (!timers_.empty() && timers_.top().first <= now_ms) {
+    due.push_back(timers_.top().second);
+    timers_.pop();
+  }
+  std::sort(due.begin(), due.end());
+  due.erase(std::unique(due.begin(), due.end()), due.end());
+  for (TransferId transfer : due) service(transfer, now_ms, out);
+  finish(now_ms, out);
+}
+
+void NodeCore::service_outbox(TransferBase& t, TimeMs now_ms, Outputs* out,
+                              const std::function<void(EndReason)>& end) {
+  int exhausted = t.outbox.service(now_ms, config_.retransmit_interval_ms, config_.max_retransmits,
+                                   out, &stats_.retransmits);
+  stats_.retransmit_exhausted += exhausted;
+  if (exhausted > 0 && !t.ending) end(EndReason::kRetransmitLimit);
+  if (!t.ending && now_ms >= t.deadline_ms) end(EndReason::kDeadline);
+}
+
+void NodeCore::finish(TimeMs now_ms, Outputs* out) {
+  TimeMs wake = std::min(next_heartbeat_ms_, leases_.next_expiry_ms());
+  if (!timers_.empty()) wake = std::min(wake, timers_.top().first);
+  // Everything due now was serviced; never ask to be woken in the past.
+  wake = std::max(wake, now_ms + 1);
+  out->wake_at_ms = std::min(out->wake_at_ms, wake);
+}
+
+}  // namespace tandem::pd

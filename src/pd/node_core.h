@@ -1,0 +1,171 @@
+// What the prefill side, the decode side and the router share: identity and
+// epoch, peer leases and heartbeats, reliable (retransmitted) sends, the timer
+// queue, and the counters every core exposes.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <queue>
+#include <vector>
+
+#include "pd/message.h"
+#include "pd/peer_leases.h"
+
+namespace tandem::pd {
+
+// One message awaiting its Ack.
+struct PendingSend {
+  Message message;
+  TimeMs next_send_ms = 0;
+  int32_t sends = 0;
+};
+
+// A transfer's unacknowledged messages (at most one per kind and receiver).
+class Outbox {
+ public:
+  // Sends `message` now and keeps it for retransmission until acknowledged.
+  void put(Message message, TimeMs now_ms, TimeMs interval_ms, Outputs* out);
+  // Removes the pending `kind` to `from`; false if none was pending.
+  bool ack(NodeId from, MessageKind kind);
+  // Drops what is addressed to that incarnation of `node` (not to a newer one).
+  void drop_to(NodeId node, Epoch epoch);
+  void drop_kind(MessageKind kind);
+  void clear() { pending_.clear(); }
+  // Resends what is due. Returns the number of messages that reached
+  // `max_sends` (they are dropped from the outbox).
+  int service(TimeMs now_ms, TimeMs interval_ms, int32_t max_sends, Outputs* out,
+              int64_t* retransmits);
+  TimeMs next_due_ms() const;
+  bool empty() const { return pending_.empty(); }
+  bool has(MessageKind kind) const;
+  const std::vector<PendingSend>& pending() const { return pending_; }
+
+ private:
+  std::vector<PendingSend> pending_;
+};
+
+// Fields every transfer record has, on either side.
+struct TransferBase {
+  TransferId id = 0;
+  TransferMode mode = TransferMode::kWrite;
+  NodeId peer = 0;
+  Epoch peer_epoch = 0;
+  int32_t prompt_tokens = 0;
+  NodeId router = 0;  // where Outcome goes
+  Epoch router_epoch = 0;
+  TimeMs created_ms = 0;
+  TimeMs state_since_ms = 0;
+  TimeMs deadline_ms = kNever;
+  TimeMs ended_ms = kNever;
+  bool ending = false;          // end_transfer() ran
+  EndReason end_reason = EndReason::kCompleted;
+  bool peer_dead = false;       // the peer's epoch was declared dead
+  bool peer_released = false;   // the peer holds no access to our memory any more
+  bool release_sent = false;
+  bool addresses_known = false; // the remote side's block addresses arrived
+  bool exposed = false;         // our blocks are registered for the peer's RMA
+  bool rma_in_flight = false;   // our RMA on the peer's memory is posted
+  std::vector<BlockId> blocks;  // blocks this side holds for the transfer
+  int32_t slot = kNoSlot;       // recurrent-state slot this side holds
+  Outbox outbox;
+};
+
+struct NodeStats {
+  std::array<int64_t, kDropReasonCount> drops{};
+  std::array<int64_t, kEndReasonCount> ends{};
+  std::array<int64_t, kMessageKindCount> received{};
+  std::array<int64_t, 8> state_entries{};  // by PrefillState / DecodeState value
+  int64_t retransmits = 0;
+  int64_t retransmit_exhausted = 0;
+  int64_t peer_deaths = 0;
+  int64_t tombstones_expired = 0;
+  // Protocol paths taken (the simulator's coverage reads these).
+  int64_t deferred_writes = 0;          // KV ready before the decode's addresses
+  int64_t late_addresses_accepted = 0;  // addresses arrived >= 60 s after the KV was ready
+  int64_t addresses_before_kv = 0;      // addresses arrived before the KV was ready
+  int64_t zero_block_transfers = 0;
+  int64_t sibling_fanouts = 0;          // n > 1 transfers forked on the decode
+  int64_t quarantines = 0;              // end waited for a peer or an RMA
+  int64_t unknown_abort_tombstones = 0;
+};
+
+class NodeCore {
+ public:
+  NodeCore(NodeId id, Epoch epoch, Role role, int32_t capacity_blocks,
+           const ProtocolConfig& config);
+  virtual ~NodeCore() = default;
+
+  NodeId id() const { return id_; }
+  Epoch epoch() const { return epoch_; }
+  Role role() const { return role_; }
+  const ProtocolConfig& config() const { return config_; }
+  const NodeStats& stats() const { return stats_; }
+  const PeerLeases& leases() const { return leases_; }
+
+  // The nodes this one heartbeats (the router and the instances of the other role).
+  void set_heartbeat_targets(std::vector<NodeId> nodes) { heartbeat_targets_ = std::move(nodes); }
+
+  void start(TimeMs now_ms, Outputs* out);
+  void on_message(const Message& message, TimeMs now_ms, Outputs* out);
+  void on_timer(TimeMs now_ms, Outputs* out);
+
+ protected:
+  // A message that passed the epoch checks (heartbeats and acks are handled here).
+  virtual void handle(const Message& message, TimeMs now_ms, Outputs* out) = 0;
+  virtual void on_ack(TransferId transfer, MessageKind acked, TimeMs now_ms, Outputs* out) = 0;
+  virtual Outbox* outbox_of(TransferId transfer) = 0;
+  // Retransmits, deadlines, tombstone expiry for one transfer.
+  virtual void service(TransferId transfer, TimeMs now_ms, Outputs* out) = 0;
+  virtual void on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) = 0;
+  // After a heartbeat (the router dispatches queued work to newly heard instances).
+  virtual void on_heartbeat(TimeMs, Outputs*) {}
+
+  Message make(MessageKind kind, NodeId to, Epoch to_epoch, TransferId transfer) const;
+  void send_ack(const Message& received, Outputs* out) const;
+  void schedule(TransferId transfer, TimeMs at_ms);
+  void drop(DropReason reason) { ++stats_.drops[static_cast<int>(reason)]; }
+  // Answers the peer's message about a transfer this side has ended. A peer we
+  // never released (we thought it dead, or never knew the transfer) is owed a
+  // reliable Release; otherwise a data message gets a one-shot Release (its
+  // sender retransmits until it hears one) and anything else an Ack.
+  void answer_ended(TransferBase& t, const Message& message, TimeMs now_ms, Outputs* out);
+  // A transfer this side never started ends before it began (an Abort or a
+  // peer's Release overtook the Start): the tombstone refuses a later Start,
+  // and the peer hears that we hold nothing of it.
+  void start_tombstone(TransferBase& t, TransferId id, NodeId peer, Epoch peer_epoch,
+                       EndReason reason, TimeMs now_ms, Outputs* out);
+  // The peer restarted (a newer epoch is known) or was never named: nothing we
+  // send can reach the incarnation that knew the transfer. A peer whose lease
+  // merely expired may be alive behind a partition, so it still gets our Release.
+  bool forgot_us(const TransferBase& t) const {
+    return t.peer == 0 || leases_.is_superseded(t.peer, t.peer_epoch);
+  }
+  // The Release a side sends when it ends: reliable, carrying the shared id.
+  void send_release(TransferBase& t, TimeMs now_ms, Outputs* out);
+  // A local failure is reported to the router; the router's own aborts and the
+  // peer's releases are not (their cause is reported by whoever saw it).
+  void report_outcome(TransferBase& t, TimeMs now_ms, Outputs* out);
+  void declare_deaths(std::vector<PeerDeath>& deaths, TimeMs now_ms, Outputs* out);
+  // Common services of a transfer record: retransmit, and end at the deadline
+  // or when a message exhausted its retransmits.
+  void service_outbox(TransferBase& t, TimeMs now_ms, Outputs* out,
+                      const std::function<void(EndReason)>& end);
+
+  // Sets out->wake_at_ms; every public entry point ends with it.
+  void finish(TimeMs now_ms, Outputs* out);
+  const NodeId id_;
+  const Epoch epoch_;
+  const Role role_;
+  const int32_t capacity_blocks_;
+  const ProtocolConfig config_;
+  PeerLeases leases_;
+  NodeStats stats_;
+  std::vector<NodeId> heartbeat_targets_;
+
+ private:
+  TimeMs next_heartbeat_ms_ = 0;
+  using Timer = std::pair<TimeMs, TransferId>;
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
+};
+
+}  // namespace tandem::pd

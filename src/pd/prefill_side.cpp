@@ -1,0 +1,407 @@
+#include "pd/prefill_side.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace tandem::pd {
+
+namespace {
+// Addresses arriving this long after the KV was ready are "late" in the sense of
+// field report 000 (60 s expiry vs 78 s arrival); counted for coverage.
+constexpr TimeMs kLateAddressesMs = 60'000;
+}  // namespace
+
+PrefillSide::PrefillSide(NodeId id, Epoch epoch, int32_t capacity_blocks,
+                         const ProtocolConfig& config)
+    : NodeCore(id, epoch, Role::kPrefill, capacity_blocks, config) {}
+
+const PrefillTransfer* PrefillSide::find(TransferId transfer) const {
+  auto it = transfers_.find(transfer);
+  return it == transfers_.end() ? nullptr : &it->second;
+}
+
+Outbox* PrefillSide::outbox_of(TransferId transfer) {
+  auto it = transfers_.find(transfer);
+  return it == transfers_.end() ? nullptr : &it->second.outbox;
+}
+
+std::array<int64_t, kPrefillStateCount> PrefillSide::count_by_state() const {
+  std::array<int64_t, kPrefillStateCount> counts{};
+  for (const auto& [id, t] : transfers_) ++counts[static_cast<int>(t.state)];
+  return counts;
+}
+
+int64_t PrefillSide::blocks_held() const {
+  int64_t n = 0;
+  for (const auto& [id, t] : transfers_) n += static_cast<int64_t>(t.blocks.size());
+  return n;
+}
+
+int64_t PrefillSide::slots_held() const {
+  int64_t n = 0;
+  for (const auto& [id, t] : transfers_) n += t.slot != kNoSlot ? 1 : 0;
+  return n;
+}
+
+void PrefillSide::set_state(PrefillTransfer& t, PrefillState state, TimeMs now_ms) {
+  t.state = state;
+  t.state_since_ms = now_ms;
+  ++stats_.state_entries[static_cast<int>(state)];
+}
+
+void PrefillSide::handle(const Message& m, TimeMs now_ms, Outputs* out) {
+  if (m.kind == MessageKind::kStartPrefill) return on_start(m, now_ms, out);
+  auto it = transfers_.find(m.transfer);
+  if (it == transfers_.end()) {
+    if (m.kind == MessageKind::kAbort || m.kind == MessageKind::kRelease) {
+      bool abort = m.kind == MessageKind::kAbort;
+      PrefillTransfer& t = transfers_[m.transfer];
+      start_tombstone(t, m.transfer, abort ? m.peer : m.from, abort ? m.peer_epoch : m.from_epoch,
+                      abort ? EndReason::kRouterAbort : EndReason::kPeerReleased, now_ms, out);
+      t.peer_released = !abort;
+      set_state(t, PrefillState::kEnded, now_ms);
+      schedule_next(t);
+      send_ack(m, out);
+      return;
+    }
+    // Never seen: no answer, the sender retransmits if it must (this covers a
+    // peer's message overtaking the router's Start).
+    return drop(DropReason::kUnknown);
+  }
+  if (m.kind == MessageKind::kAbort) {
+    if (!it->second.ending) {
+      end_transfer(it->second, EndReason::kRouterAbort, now_ms, out);
+    } else {
+      drop(DropReason::kEnded);
+    }
+    send_ack(m, out);
+    return;
+  }
+  PrefillTransfer& t = it->second;
+  if (m.from != t.peer) return drop(DropReason::kWrongPeer);
+  if (m.from_epoch != t.peer_epoch) return drop(DropReason::kStaleEpoch);
+  if (t.state == PrefillState::kEnded) return answer_ended(t, m, now_ms, out);
+  switch (m.kind) {
+    case MessageKind::kRemoteBlocks:
+      return on_remote_blocks(t, m, now_ms, out);
+    case MessageKind::kRelease:
+      return on_release(t, m, now_ms, out);
+    default:
+      return drop(DropReason::kUnknown);
+  }
+}
+
+void PrefillSide::on_start(const Message& m, TimeMs now_ms, Outputs* out) {
+  send_ack(m, out);
+  auto [it, inserted] = transfers_.try_emplace(m.transfer);
+  PrefillTransfer& t = it->second;
+  if (!inserted) {
+    drop(t.state == PrefillState::kEnded ? DropReason::kEnded : DropReason::kDuplicate);
+    return;
+  }
+  TANDEM_ASSERT(m.prompt_tokens >= 1, "a request has at least one prompt token");
+  t.id = m.transfer;
+  t.mode = m.mode;
+  t.peer = m.peer;
+  t.peer_epoch = m.peer_epoch;
+  t.prompt_tokens = m.prompt_tokens;
+  t.router = m.from;
+  t.router_epoch = m.from_epoch;
+  t.created_ms = now_ms;
+  t.deadline_ms = now_ms + m.budget_ms;
+  set_state(t, PrefillState::kPrefilling, now_ms);
+  std::vector<PeerDeath> deaths;
+  bool peer_alive = leases_.expect(t.peer, t.peer_epoch, now_ms, &deaths);
+  declare_deaths(deaths, now_ms, out);
+  if (!peer_alive) {
+    t.peer_dead = true;
+    end_transfer(t, EndReason::kPeerDead, now_ms, out);
+    return;
+  }
+  Effect compute;
+  compute.kind = EffectKind::kComputePrefill;
+  compute.transfer = t.id;
+  compute.prompt_tokens = t.prompt_tokens;
+  compute.n_blocks = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  out->effects.push_back(std::move(compute));
+  schedule_next(t);
+}
+
+void PrefillSide::on_prefill_computed(TransferId transfer, std::vector<BlockId> blocks,
+                                      int32_t slot, TimeMs now_ms, Outputs* out) {
+  auto it = transfers_.find(transfer);
+  if (it == transfers_.end() || it->second.ending) {
+    // The transfer ended while the engine computed: the blocks come straight back.
+    Effect free;
+    free.kind = EffectKind::kFree;
+    free.transfer = transfer;
+    free.local_blocks = std::move(blocks);
+    free.local_slot = slot;
+    out->effects.push_back(std::move(free));
+    return finish(now_ms, out);
+  }
+  PrefillTransfer& t = it->second;
+  TANDEM_ASSERT(!t.computed, "prefill reported twice");
+  TANDEM_ASSERT(static_cast<int32_t>(blocks.size()) ==
+                    moved_blocks(t.prompt_tokens, config_.block_size_tokens),
+                "prefill engine returned the wrong number of blocks");
+  t.blocks = std::move(blocks);
+  t.slot = slot;
+  t.computed = true;
+  t.computed_ms = now_ms;
+  if (t.mode == TransferMode::kWrite) {
+    if (t.addresses_known) {
+      post_write(t, now_ms, out);
+    } else {
+      // The deferred write: it waits for the decode's addresses as long as the
+      // request lives (no timer of its own, unless mutation 1 is on).
+      ++stats_.deferred_writes;
+      set_state(t, PrefillState::kAwaitingAddresses, now_ms);
+      if (config_.mutation == Mutation::kFixedDeferExpiry)
+        t.defer_expiry_ms = now_ms + config_.mutation_defer_expiry_ms;
+    }
+  } else {
+    Effect expose;
+    expose.kind = EffectKind::kExpose;
+    expose.transfer = t.id;
+    expose.peer = t.peer;
+    expose.peer_epoch = t.peer_epoch;
+    expose.local_blocks = t.blocks;
+    expose.local_slot = t.slot;
+    out->effects.push_back(std::move(expose));
+    t.exposed = true;
+    if (t.blocks.empty()) ++stats_.zero_block_transfers;
+    Message addresses = make(MessageKind::kKvAddresses, t.peer, t.peer_epoch, t.id);
+    addresses.blocks = t.blocks;
+    addresses.state_slot = t.slot;
+    t.outbox.put(std::move(addresses), now_ms, config_.retransmit_interval_ms, out);
+    set_state(t, PrefillState::kExposed, now_ms);
+  }
+  schedule_next(t);
+  finish(now_ms, out);
+}
+
+void PrefillSide::on_prefill_failed(TransferId transfer, TimeMs now_ms, Outputs* out) {
+  auto it = transfers_.find(transfer);
+  if (it != transfers_.end() && !it->second.ending)
+    end_transfer(it->second, EndReason::kPrefillFailed, now_ms, out);
+  finish(now_ms, out);
+}
+
+void PrefillSide::on_remote_blocks(PrefillTransfer& t, const Message& m, TimeMs now_ms,
+                                   Outputs* out) {
+  if (t.mode != TransferMode::kWrite) return drop(DropReason::kUnknown);
+  send_ack(m, out);
+  if (t.ending) return drop(DropReason::kEnded);
+  if (t.addresses_known) return drop(DropReason::kDuplicate);
+  t.addresses_known = true;
+  t.first_remote_block = m.first_block;
+  t.remote_blocks = m.blocks;
+  t.remote_slot = m.state_slot;
+  if (!t.computed) {
+    ++stats_.addresses_before_kv;
+  } else {
+    if (now_ms - t.computed_ms >= kLateAddressesMs) ++stats_.late_addresses_accepted;
+    post_write(t, now_ms, out);
+  }
+}
+
+void PrefillSide::post_write(PrefillTransfer& t, TimeMs now_ms, Outputs* out) {
+  TANDEM_ASSERT(t.computed && t.addresses_known && !t.rma_in_flight);
+  int32_t n_moved = static_cast<int32_t>(t.blocks.size());
+  TANDEM_ASSERT(t.first_remote_block >= 0 && t.first_remote_block <= n_moved,
+                "decode asked for blocks past the prompt");
+  Effect write;
+  write.kind = EffectKind::kPostWrite;
+  write.transfer = t.id;
+  write.peer = t.peer;
+  write.peer_epoch = t.peer_epoch;
+  write.local_blocks.assign(t.blocks.begin() + t.first_remote_block, t.blocks.end());
+  write.remote_blocks = t.remote_blocks;
+  TANDEM_ASSERT(write.local_blocks.size() == write.remote_blocks.size(),
+                "decode's block list does not match the moved range");
+  write.local_slot = t.slot;
+  write.remote_slot = t.remote_slot;
+  if (write.local_blocks.empty()) ++stats_.zero_block_transfers;
+  out->effects.push_back(std::move(write));
+  t.rma_in_flight = true;
+  set_state(t, PrefillState::kWriting, now_ms);
+}
+
+void PrefillSide::on_write_done(TransferId transfer, RmaResult result, TimeMs now_ms,
+                                Outputs* out) {
+  auto it = transfers_.find(transfer);
+  TANDEM_ASSERT(it != transfers_.end() && it->second.rma_in_flight,
+                "write completion for no write in flight");
+  PrefillTransfer& t = it->second;
+  t.rma_in_flight = false;
+  if (t.ending) {
+    try_finish_end(t, now_ms, out);
+  } else if (result == RmaResult::kOk) {
+    // Our blocks are no longer needed; WriteDone also says we are done with the
+    // decode's memory, so it doubles as our release.
+    Effect free;
+    free.kind = EffectKind::kFree;
+    free.transfer = t.id;
+    free.local_blocks = std::move(t.blocks);
+    free.local_slot = t.slot;
+    out->effects.push_back(std::move(free));
+    t.blocks.clear();
+    t.slot = kNoSlot;
+    Message done = make(MessageKind::kWriteDone, t.peer, t.peer_epoch, t.id);
+    t.outbox.put(std::move(done), now_ms, config_.retransmit_interval_ms, out);
+    t.release_sent = true;
+    set_state(t, PrefillState::kAwaitingWriteDoneAck, now_ms);
+  } else if (result == RmaResult::kPostFailed &&
+             config_.mutation == Mutation::kSilentWritePostFailure) {
+    // Mutation 5: give up without telling the decode or the router.
+    Effect free;
+    free.kind = EffectKind::kFree;
+    free.transfer = t.id;
+    free.local_blocks = std::move(t.blocks);
+    free.local_slot = t.slot;
+    out->effects.push_back(std::move(free));
+    t.blocks.clear();
+    t.slot = kNoSlot;
+    t.ending = true;
+    t.end_reason = EndReason::kWritePostFailed;
+    t.release_sent = true;
+    t.outbox.clear();
+    t.ended_ms = now_ms;
+    set_state(t, PrefillState::kEnded, now_ms);
+  } else {
+    end_transfer(t, result == RmaResult::kPostFailed ? EndReason::kWritePostFailed
+                                                      : EndReason::kRmaFailed,
+                 now_ms, out);
+  }
+  schedule_next(t);
+  finish(now_ms, out);
+}
+
+void PrefillSide::on_release(PrefillTransfer& t, const Message& m, TimeMs now_ms, Outputs* out) {
+  send_ack(m, out);
+  if (t.state == PrefillState::kEnded) return drop(DropReason::kEnded);
+  if (t.peer_released) return drop(DropReason::kDuplicate);
+  t.peer_released = true;
+  if (t.ending) return try_finish_end(t, now_ms, out);
+  bool read_complete = t.mode == TransferMode::kRead && t.state == PrefillState::kExposed &&
+                       m.reason == EndReason::kCompleted;
+  end_transfer(t, read_complete ? EndReason::kCompleted : EndReason::kPeerReleased, now_ms, out);
+}
+
+void PrefillSide::on_ack(TransferId transfer, MessageKind acked, TimeMs now_ms, Outputs* out) {
+  auto it = transfers_.find(transfer);
+  if (it == transfers_.end()) return;
+  PrefillTransfer& t = it->second;
+  if (acked == MessageKind::kWriteDone && t.state == PrefillState::kAwaitingWriteDoneAck) {
+    t.peer_released = true;  // the decode took the KV; nothing of ours is exposed
+    end_transfer(t, EndReason::kCompleted, now_ms, out);
+  }
+}
+
+void PrefillSide::end_transfer(PrefillTransfer& t, EndReason reason, TimeMs now_ms,
+                               Outputs* out) {
+  if (t.ending) return;
+  t.ending = true;
+  t.end_reason = reason;
+  ++stats_.ends[static_cast<int>(reason)];
+  if (t.state == PrefillState::kPrefilling && !t.computed) {
+    Effect cancel;
+    cancel.kind = EffectKind::kCancel;
+    cancel.transfer = t.id;
+    out->effects.push_back(std::move(cancel));
+  }
+  if (reason != EndReason::kCompleted) report_outcome(t, now_ms, out);
+  try_finish_end(t, now_ms, out);
+}
+
+void PrefillSide::try_finish_end(PrefillTransfer& t, TimeMs now_ms, Outputs* out) {
+  if (t.state == PrefillState::kEnded) return;
+  bool peer_can_reach = t.exposed && !t.peer_released && !t.peer_dead;
+  if (t.rma_in_flight || peer_can_reach) {
+    if (t.state != PrefillState::kDraining) {
+      ++stats_.quarantines;
+      set_state(t, PrefillState::kDraining, now_ms);
+    }
+    // Tell the decode we ended (it may never have heard of the transfer); it
+    // answers with its own Release once no read of ours is in flight.
+    if (!t.release_sent && !forgot_us(t) && !t.rma_in_flight) send_release(t, now_ms, out);
+    schedule_next(t);
+    return;
+  }
+  if (t.exposed) {
+    Effect revoke;
+    revoke.kind = EffectKind::kRevokeAccess;
+    revoke.transfer = t.id;
+    out->effects.push_back(std::move(revoke));
+    t.exposed = false;
+  }
+  if (!t.blocks.empty() || t.slot != kNoSlot) {
+    Effect free;
+    free.kind = EffectKind::kFree;
+    free.transfer = t.id;
+    free.local_blocks = std::move(t.blocks);
+    free.local_slot = t.slot;
+    out->effects.push_back(std::move(free));
+    t.blocks.clear();
+    t.slot = kNoSlot;
+  }
+  // An unacknowledged WriteDone stays: it is the decode's release (it may be
+  // quarantined waiting for it).
+  t.outbox.drop_kind(MessageKind::kKvAddresses);
+  // The decode's blocks are exposed to us once it sent its addresses: it waits
+  // for our Release even when it released first.
+  bool peer_exposed_to_us = t.mode == TransferMode::kWrite && t.addresses_known;
+  if (!t.release_sent && !forgot_us(t) && (!t.peer_released || peer_exposed_to_us))
+    send_release(t, now_ms, out);
+  if (forgot_us(t)) t.outbox.drop_to(t.peer, t.peer_epoch);
+  t.ended_ms = now_ms;
+  set_state(t, PrefillState::kEnded, now_ms);
+  schedule_next(t);
+}
+
+void PrefillSide::schedule_next(PrefillTransfer& t) {
+  TimeMs next = t.outbox.next_due_ms();
+  if (t.state == PrefillState::kEnded) {
+    // Forgotten at the TTL, but only once nothing is left to retransmit.
+    if (t.outbox.empty()) next = std::min(next, t.ended_ms + config_.tombstone_ttl_ms);
+  } else if (!t.ending) {
+    next = std::min({next, t.deadline_ms, t.defer_expiry_ms});
+  }
+  schedule(t.id, next);
+}
+
+void PrefillSide::service(TransferId transfer, TimeMs now_ms, Outputs* out) {
+  auto it = transfers_.find(transfer);
+  if (it == transfers_.end()) return;
+  PrefillTransfer& t = it->second;
+  auto end = [&](EndReason reason) { end_transfer(t, reason, now_ms, out); };
+  service_outbox(t, now_ms, out, end);
+  if (t.state == PrefillState::kAwaitingAddresses && now_ms >= t.defer_expiry_ms)
+    end(EndReason::kDeferExpired);
+  if (t.state == PrefillState::kEnded && t.outbox.empty() &&
+      now_ms >= t.ended_ms + config_.tombstone_ttl_ms) {
+    ++stats_.tombstones_expired;
+    transfers_.erase(it);
+    return;
+  }
+  schedule_next(t);
+}
+
+void PrefillSide::on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) {
+  for (auto& [id, t] : transfers_) {
+    if (t.peer != death.node || t.peer_epoch != death.epoch || t.peer_dead) continue;
+    t.peer_dead = true;
+    // A lease can expire on a live peer cut off for a while: keep telling it
+    // (it may still wait for us), unless it restarted and forgot everything.
+    if (leases_.is_superseded(death.node, death.epoch)) t.outbox.drop_to(death.node, death.epoch);
+    if (!t.ending) {
+      end_transfer(t, EndReason::kPeerDead, now_ms, out);
+    } else {
+      try_finish_end(t, now_ms, out);
+    }
+  }
+}
+
+}  // namespace tandem::pd

@@ -1,0 +1,67 @@
+// The prefill instance's side of the transfer protocol (sans-IO).
+//
+// It computes a prompt's KV (through its engine, as an effect), then either
+// writes it into the decode's blocks once their addresses arrive (WRITE), or
+// exposes its own blocks for the decode to read and holds them until the
+// decode's Release (READ). See docs/PD_PROTOCOL.md.
+#pragma once
+
+#include <array>
+#include <map>
+
+#include "pd/node_core.h"
+
+namespace tandem::pd {
+
+struct PrefillTransfer : TransferBase {
+  PrefillState state = PrefillState::kPrefilling;
+  bool computed = false;
+  TimeMs computed_ms = kNever;
+  // The decode's blocks for our moved blocks first_remote_block.. (WRITE).
+  int32_t first_remote_block = 0;
+  std::vector<BlockId> remote_blocks;
+  int32_t remote_slot = kNoSlot;
+  TimeMs defer_expiry_ms = kNever;  // mutation 1 only
+};
+
+class PrefillSide : public NodeCore {
+ public:
+  PrefillSide(NodeId id, Epoch epoch, int32_t capacity_blocks, const ProtocolConfig& config);
+
+  // Engine reports. `blocks` hold the KV of prompt_tokens-1 tokens; `slot` the
+  // recurrent state after them (kNoSlot without recurrent layers).
+  void on_prefill_computed(TransferId transfer, std::vector<BlockId> blocks, int32_t slot,
+                           TimeMs now_ms, Outputs* out);
+  void on_prefill_failed(TransferId transfer, TimeMs now_ms, Outputs* out);
+  void on_write_done(TransferId transfer, RmaResult result, TimeMs now_ms, Outputs* out);
+
+  // Inspection (metrics, debug endpoint, simulator invariants).
+  const PrefillTransfer* find(TransferId transfer) const;
+  const std::map<TransferId, PrefillTransfer>& transfers() const { return transfers_; }
+  std::array<int64_t, kPrefillStateCount> count_by_state() const;
+  int64_t blocks_held() const;
+  int64_t slots_held() const;
+
+ protected:
+  void handle(const Message& message, TimeMs now_ms, Outputs* out) override;
+  void on_ack(TransferId transfer, MessageKind acked, TimeMs now_ms, Outputs* out) override;
+  Outbox* outbox_of(TransferId transfer) override;
+  void service(TransferId transfer, TimeMs now_ms, Outputs* out) override;
+  void on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) override;
+
+ private:
+  void on_start(const Message& message, TimeMs now_ms, Outputs* out);
+  void on_remote_blocks(PrefillTransfer& t, const Message& message, TimeMs now_ms, Outputs* out);
+  void on_release(PrefillTransfer& t, const Message& message, TimeMs now_ms, Outputs* out);
+  void post_write(PrefillTransfer& t, TimeMs now_ms, Outputs* out);
+  void set_state(PrefillTransfer& t, PrefillState state, TimeMs now_ms);
+  // The one release path: runs once per transfer.
+  void end_transfer(PrefillTransfer& t, EndReason reason, TimeMs now_ms, Outputs* out);
+  // Frees and leaves a tombstone once no peer access and no RMA remain.
+  void try_finish_end(PrefillTransfer& t, TimeMs now_ms, Outputs* out);
+  void schedule_next(PrefillTransfer& t);
+
+  std::map<TransferId, PrefillTransfer> transfers_;
+};
+
+}  // namespace tandem::pd

@@ -1,0 +1,95 @@
+// What one simulated run looks like: the cluster, the workload and the faults.
+// make_scenario() draws one from a seed within the ranges of SimOptions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pd/router_core.h"
+#include "pd/types.h"
+
+namespace tandem::sim {
+
+using pd::TimeMs;
+
+enum class ModeChoice : uint8_t { kWrite, kRead, kMixed };
+enum class FaultLevel : uint8_t { kNone, kNetwork, kAll };
+
+// What the user asks of a seed range (tandem sim's flags).
+struct SimOptions {
+  int n_prefill = 2;
+  int n_decode = 2;
+  int n_requests = 200;
+  ModeChoice mode = ModeChoice::kMixed;
+  FaultLevel faults = FaultLevel::kAll;
+  pd::Mutation mutation = pd::Mutation::kNone;
+};
+
+struct NetworkFaults {
+  double drop_probability = 0;
+  double duplicate_probability = 0;
+  TimeMs delay_min_ms = 1;
+  TimeMs delay_max_ms = 5;
+  double long_delay_probability = 0;  // a message overtaken by later ones
+  TimeMs long_delay_max_ms = 0;       // kept under the lease: a slow link is not a dead peer
+};
+
+struct Partition {
+  pd::NodeId a = 0;
+  pd::NodeId b = 0;
+  TimeMs start_ms = 0;
+  TimeMs end_ms = 0;
+};
+
+struct Crash {
+  pd::NodeId node = 0;
+  TimeMs at_ms = 0;
+  TimeMs restart_after_ms = 0;
+};
+
+struct WorkloadRequest {
+  TimeMs arrival_ms = 0;
+  pd::RequestSpec spec;
+  TimeMs abort_at_ms = pd::kNever;  // client abort, if any
+};
+
+struct Scenario {
+  uint64_t seed = 0;
+  SimOptions options;
+  pd::ProtocolConfig protocol;
+  int32_t prefill_pool_blocks = 256;
+  int32_t decode_pool_blocks = 512;
+  bool recurrent = false;  // hybrid model: a state slot moves with the KV
+  // Engines.
+  TimeMs prefill_base_ms = 2;
+  double prefill_ms_per_token = 0.02;
+  TimeMs decode_ms_per_token = 10;
+  TimeMs admission_max_ms = 20;
+  double slow_admission_probability = 0;
+  TimeMs slow_admission_ms = 78'000;  // field report 000: addresses 78 s after the KV
+  double prefix_hit_probability = 0.3;
+  TimeMs rma_base_ms = 1;
+  double rma_ms_per_block = 0.05;
+  double rma_slow_probability = 0;
+  TimeMs rma_slow_ms = 0;
+  double rma_failure_probability = 0;
+  double write_post_failure_probability = 0;
+  double prefill_failure_probability = 0;
+  // Faults.
+  NetworkFaults network;
+  std::vector<Partition> partitions;
+  std::vector<Crash> crashes;
+  TimeMs faults_end_ms = 0;  // no fault starts or lasts past this
+  TimeMs grace_ms = 120'000; // liveness: by faults_end + lease + grace all is settled
+  std::vector<WorkloadRequest> workload;
+};
+
+Scenario make_scenario(uint64_t seed, const SimOptions& options);
+
+std::string_view name(ModeChoice mode);
+std::string_view name(FaultLevel level);
+bool parse_mode(std::string_view text, ModeChoice* out);
+bool parse_faults(std::string_view text, FaultLevel* out);
+
+}  // namespace tandem::sim

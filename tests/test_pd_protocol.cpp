@@ -1,0 +1,401 @@
+// The P/D transfer protocol cores driven by hand, message by message: each test
+// replays one failure family of the field reports (shared/seeds 000 and 002)
+// against the real protocol, and against its mutation where one exists.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "pd/decode_side.h"
+#include "pd/prefill_side.h"
+#include "pd/router_core.h"
+
+namespace tandem::pd {
+namespace {
+
+constexpr NodeId kRouter = 1, kPrefill = 2, kDecode = 3;
+constexpr TransferId kTransfer = 7;
+
+int count_messages(const Outputs& out, MessageKind kind) {
+  return static_cast<int>(std::count_if(out.messages.begin(), out.messages.end(),
+                                        [&](const Message& m) { return m.kind == kind; }));
+}
+const Message* find_message(const Outputs& out, MessageKind kind) {
+  for (const Message& m : out.messages)
+    if (m.kind == kind) return &m;
+  return nullptr;
+}
+const Effect* find_effect(const Outputs& out, EffectKind kind) {
+  for (const Effect& e : out.effects)
+    if (e.kind == kind) return &e;
+  return nullptr;
+}
+
+Message start(MessageKind kind, TransferMode mode, int32_t prompt_tokens, int32_t n) {
+  Message m;
+  m.kind = kind;
+  m.from = kRouter;
+  m.from_epoch = 1;
+  m.to = kind == MessageKind::kStartPrefill ? kPrefill : kDecode;
+  m.to_epoch = 1;
+  m.transfer = kTransfer;
+  m.mode = mode;
+  m.peer = kind == MessageKind::kStartPrefill ? kDecode : kPrefill;
+  m.peer_epoch = 1;
+  m.prompt_tokens = prompt_tokens;
+  m.n_siblings = n;
+  m.max_tokens = 16;
+  m.budget_ms = 900'000;
+  return m;
+}
+
+// A message from one side to the other, as the network would deliver it.
+Message peer_message(MessageKind kind, NodeId from, NodeId to) {
+  Message m;
+  m.kind = kind;
+  m.from = from;
+  m.from_epoch = 1;
+  m.to = to;
+  m.to_epoch = 1;
+  m.transfer = kTransfer;
+  return m;
+}
+
+Message heartbeat(NodeId from, NodeId to, Role role) {
+  Message m;
+  m.kind = MessageKind::kHeartbeat;
+  m.from = from;
+  m.from_epoch = 1;
+  m.to = to;
+  m.role = role;
+  return m;
+}
+
+std::vector<BlockId> iota_blocks(int n, BlockId first) {
+  std::vector<BlockId> b(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) b[i] = first + i;
+  return b;
+}
+
+// Report 000, bug 1: the decode's block addresses arrive 78 s after the KV is
+// ready. The deferred write has no timer of its own: it fires on arrival.
+TEST(PdProtocol, DeferredWriteAcceptsAddresses78SecondsLate) {
+  ProtocolConfig config;
+  PrefillSide prefill(kPrefill, 1, 64, config);
+  Outputs out;
+  prefill.on_message(start(MessageKind::kStartPrefill, TransferMode::kWrite, 40, 1), 0, &out);
+  ASSERT_NE(find_effect(out, EffectKind::kComputePrefill), nullptr);
+  out.clear();
+  prefill.on_prefill_computed(kTransfer, iota_blocks(3, 0), kNoSlot, 100, &out);
+  EXPECT_EQ(prefill.find(kTransfer)->state, PrefillState::kAwaitingAddresses);
+  // 78 s pass: heartbeats from the (slow but live) decode keep its lease.
+  for (TimeMs t = 500; t <= 78'100; t += 500) {
+    prefill.on_message(heartbeat(kDecode, kPrefill, Role::kDecode), t, &out);
+    prefill.on_timer(t, &out);
+  }
+  EXPECT_EQ(prefill.find(kTransfer)->state, PrefillState::kAwaitingAddresses);
+  out.clear();
+  Message remote = peer_message(MessageKind::kRemoteBlocks, kDecode, kPrefill);
+  remote.blocks = iota_blocks(3, 10);
+  prefill.on_message(remote, 78'100, &out);
+  const Effect* write = find_effect(out, EffectKind::kPostWrite);
+  ASSERT_NE(write, nullptr);
+  EXPECT_EQ(write->remote_blocks, iota_blocks(3, 10));
+  EXPECT_EQ(prefill.stats().late_addresses_accepted, 1);
+}
+
+TEST(PdProtocol, MutationFixedDeferExpiryDropsTheLateAddresses) {
+  ProtocolConfig config;
+  config.mutation = Mutation::kFixedDeferExpiry;
+  PrefillSide prefill(kPrefill, 1, 64, config);
+  Outputs out;
+  prefill.on_message(start(MessageKind::kStartPrefill, TransferMode::kWrite, 40, 1), 0, &out);
+  prefill.on_prefill_computed(kTransfer, iota_blocks(3, 0), kNoSlot, 100, &out);
+  for (TimeMs t = 500; t <= 78'100; t += 500) {
+    prefill.on_message(heartbeat(kDecode, kPrefill, Role::kDecode), t, &out);
+    prefill.on_timer(t, &out);
+  }
+  EXPECT_EQ(prefill.find(kTransfer)->state, PrefillState::kEnded);
+  EXPECT_EQ(prefill.find(kTransfer)->end_reason, EndReason::kDeferExpired);
+  out.clear();
+  Message remote = peer_message(MessageKind::kRemoteBlocks, kDecode, kPrefill);
+  remote.blocks = iota_blocks(3, 10);
+  prefill.on_message(remote, 78'100, &out);
+  EXPECT_EQ(find_effect(out, EffectKind::kPostWrite), nullptr);
+  EXPECT_EQ(prefill.stats().drops[static_cast<int>(DropReason::kEnded)], 1);
+}
+
+// Report 002, fix 1: n siblings share one transfer id; one write completion
+// starts all of them, and the transfer completes once, when the last finishes.
+void run_siblings(Mutation mutation, int* started, std::string* map_problem, int* outcomes) {
+  ProtocolConfig config;
+  config.mutation = mutation;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 4), 0, &out);
+  *map_problem = decode.check_sibling_maps();
+  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
+  out.clear();
+  decode.on_message(peer_message(MessageKind::kWriteDone, kPrefill, kDecode), 20, &out);
+  const Effect* start_siblings = find_effect(out, EffectKind::kStartSiblings);
+  ASSERT_NE(start_siblings, nullptr);
+  *started = static_cast<int>(start_siblings->siblings.size());
+  std::vector<SiblingId> siblings = start_siblings->siblings;
+  out.clear();
+  for (SiblingId s : siblings) decode.on_sibling_finished(s, 30, &out);
+  *outcomes = count_messages(out, MessageKind::kOutcome);
+}
+
+TEST(PdProtocol, SiblingsAreChildrenOfOneTransfer) {
+  int started = 0, outcomes = 0;
+  std::string problem;
+  run_siblings(Mutation::kNone, &started, &problem, &outcomes);
+  EXPECT_EQ(started, 4);
+  EXPECT_EQ(problem, "");
+  EXPECT_EQ(outcomes, 1);
+}
+
+TEST(PdProtocol, MutationOneToOneMapLosesSiblings) {
+  int started = 0, outcomes = 0;
+  std::string problem;
+  run_siblings(Mutation::kOneToOneSiblingMap, &started, &problem, &outcomes);
+  EXPECT_EQ(started, 1);
+  EXPECT_NE(problem, "");
+}
+
+// Report 002, fix 2: after its read the decode releases the prefill's blocks
+// with the shared transfer id, and the prefill frees them.
+void run_read_release(Mutation mutation, TransferId* release_id, bool* prefill_freed) {
+  ProtocolConfig config;
+  config.mutation = mutation;
+  PrefillSide prefill(kPrefill, 1, 64, config);
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs p, d;
+  prefill.on_message(start(MessageKind::kStartPrefill, TransferMode::kRead, 40, 2), 0, &p);
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kRead, 40, 2), 0, &d);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 5, &d);
+  p.clear();
+  prefill.on_prefill_computed(kTransfer, iota_blocks(3, 20), kNoSlot, 10, &p);
+  const Message* addresses = find_message(p, MessageKind::kKvAddresses);
+  ASSERT_NE(addresses, nullptr);
+  ASSERT_NE(find_effect(p, EffectKind::kExpose), nullptr);
+  d.clear();
+  decode.on_message(*addresses, 12, &d);
+  ASSERT_NE(find_effect(d, EffectKind::kPostRead), nullptr);
+  d.clear();
+  decode.on_read_done(kTransfer, RmaResult::kOk, 20, &d);
+  const Message* release = find_message(d, MessageKind::kRelease);
+  ASSERT_NE(release, nullptr);
+  *release_id = release->transfer;
+  p.clear();
+  prefill.on_message(*release, 25, &p);
+  *prefill_freed = find_effect(p, EffectKind::kFree) != nullptr &&
+                   prefill.find(kTransfer)->state == PrefillState::kEnded;
+}
+
+TEST(PdProtocol, ReadReleaseCarriesTheSharedTransferId) {
+  TransferId id = 0;
+  bool freed = false;
+  run_read_release(Mutation::kNone, &id, &freed);
+  EXPECT_EQ(id, kTransfer);
+  EXPECT_TRUE(freed);
+}
+
+TEST(PdProtocol, MutationReleaseWithLocalIdLeaksThePrefillBlocks) {
+  TransferId id = 0;
+  bool freed = true;
+  run_read_release(Mutation::kReleaseWithLocalId, &id, &freed);
+  EXPECT_NE(id, kTransfer);
+  EXPECT_FALSE(freed);
+}
+
+// A decode that ends while its blocks are exposed to a live prefill keeps them
+// until the prefill releases (here after 30 s), or is declared dead; then it
+// revokes access before freeing.
+TEST(PdProtocol, QuarantineHoldsBlocksWhileThePeerLives) {
+  ProtocolConfig config;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
+  out.clear();
+  Message abort = peer_message(MessageKind::kAbort, kRouter, kDecode);
+  abort.peer = kPrefill;
+  abort.peer_epoch = 1;
+  decode.on_message(abort, 100, &out);
+  EXPECT_EQ(decode.find(kTransfer)->state, DecodeState::kQuarantined);
+  EXPECT_EQ(find_effect(out, EffectKind::kFree), nullptr);
+  EXPECT_EQ(count_messages(out, MessageKind::kRelease), 1);  // "stop writing"
+  for (TimeMs t = 500; t <= 30'000; t += 500) {
+    decode.on_message(heartbeat(kPrefill, kDecode, Role::kPrefill), t, &out);
+    decode.on_timer(t, &out);
+    ASSERT_EQ(find_effect(out, EffectKind::kFree), nullptr) << "freed at " << t << " ms";
+    out.clear();
+  }
+  decode.on_message(peer_message(MessageKind::kRelease, kPrefill, kDecode), 30'100, &out);
+  ASSERT_EQ(out.effects.size(), 2u);
+  EXPECT_EQ(out.effects[0].kind, EffectKind::kRevokeAccess);
+  EXPECT_EQ(out.effects[1].kind, EffectKind::kFree);
+  EXPECT_EQ(decode.blocks_held(), 0);
+}
+
+TEST(PdProtocol, QuarantineEndsWhenThePeerIsDeclaredDead) {
+  ProtocolConfig config;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
+  Message abort = peer_message(MessageKind::kAbort, kRouter, kDecode);
+  abort.peer = kPrefill;
+  abort.peer_epoch = 1;
+  decode.on_message(abort, 100, &out);
+  out.clear();
+  // The prefill is never heard from: its lease (started by the Start) expires.
+  decode.on_timer(config.lease_ms + 1, &out);
+  ASSERT_NE(find_effect(out, EffectKind::kRevokeAccess), nullptr);
+  ASSERT_NE(find_effect(out, EffectKind::kFree), nullptr);
+  EXPECT_LT(find_effect(out, EffectKind::kRevokeAccess) - out.effects.data(),
+            find_effect(out, EffectKind::kFree) - out.effects.data());
+}
+
+TEST(PdProtocol, MutationFreeQuarantineOnTimeoutFreesWithoutRevoking) {
+  ProtocolConfig config;
+  config.mutation = Mutation::kFreeQuarantineOnTimeout;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
+  Message abort = peer_message(MessageKind::kAbort, kRouter, kDecode);
+  abort.peer = kPrefill;
+  abort.peer_epoch = 1;
+  decode.on_message(abort, 100, &out);
+  out.clear();
+  decode.on_message(heartbeat(kPrefill, kDecode, Role::kPrefill), 2'000, &out);
+  decode.on_timer(2'200, &out);
+  EXPECT_NE(find_effect(out, EffectKind::kFree), nullptr);
+  EXPECT_EQ(find_effect(out, EffectKind::kRevokeAccess), nullptr);
+}
+
+// A write that cannot be posted ends the transfer on both sides at once: the
+// decode hears Release, the router hears Outcome with the reason.
+TEST(PdProtocol, WritePostFailureIsReported) {
+  for (Mutation mutation : {Mutation::kNone, Mutation::kSilentWritePostFailure}) {
+    ProtocolConfig config;
+    config.mutation = mutation;
+    PrefillSide prefill(kPrefill, 1, 64, config);
+    Outputs out;
+    prefill.on_message(start(MessageKind::kStartPrefill, TransferMode::kWrite, 40, 1), 0, &out);
+    prefill.on_prefill_computed(kTransfer, iota_blocks(3, 0), kNoSlot, 10, &out);
+    Message remote = peer_message(MessageKind::kRemoteBlocks, kDecode, kPrefill);
+    remote.blocks = iota_blocks(3, 10);
+    prefill.on_message(remote, 20, &out);
+    out.clear();
+    prefill.on_write_done(kTransfer, RmaResult::kPostFailed, 21, &out);
+    const Message* outcome = find_message(out, MessageKind::kOutcome);
+    if (mutation == Mutation::kNone) {
+      ASSERT_NE(outcome, nullptr);
+      EXPECT_EQ(outcome->reason, EndReason::kWritePostFailed);
+      EXPECT_EQ(count_messages(out, MessageKind::kRelease), 1);
+    } else {
+      EXPECT_EQ(outcome, nullptr);
+      EXPECT_EQ(count_messages(out, MessageKind::kRelease), 0);
+    }
+    EXPECT_NE(find_effect(out, EffectKind::kFree), nullptr);
+  }
+}
+
+// One prompt token moves nothing; the transfer still completes.
+TEST(PdProtocol, ZeroBlockTransferCompletes) {
+  ProtocolConfig config;
+  PrefillSide prefill(kPrefill, 1, 64, config);
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs p, d;
+  prefill.on_message(start(MessageKind::kStartPrefill, TransferMode::kWrite, 1, 1), 0, &p);
+  prefill.on_prefill_computed(kTransfer, {}, kNoSlot, 1, &p);
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 1, 1), 0, &d);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(2, 0), kNoSlot, 0, 2, &d);
+  const Message* remote = find_message(d, MessageKind::kRemoteBlocks);
+  ASSERT_NE(remote, nullptr);
+  EXPECT_TRUE(remote->blocks.empty());
+  p.clear();
+  prefill.on_message(*remote, 3, &p);
+  const Effect* write = find_effect(p, EffectKind::kPostWrite);
+  ASSERT_NE(write, nullptr);
+  EXPECT_TRUE(write->local_blocks.empty());
+  p.clear();
+  prefill.on_write_done(kTransfer, RmaResult::kOk, 4, &p);
+  d.clear();
+  decode.on_message(*find_message(p, MessageKind::kWriteDone), 5, &d);
+  EXPECT_NE(find_effect(d, EffectKind::kStartSiblings), nullptr);
+}
+
+// Late, duplicate and stale messages are dropped idempotently, by counted reason.
+TEST(PdProtocol, DropsAreCountedByReason) {
+  ProtocolConfig config;
+  PrefillSide prefill(kPrefill, 2, 64, config);  // restarted: epoch 2
+  Outputs out;
+  Message old = start(MessageKind::kStartPrefill, TransferMode::kWrite, 40, 1);
+  prefill.on_message(old, 0, &out);  // addressed to epoch 1
+  EXPECT_EQ(prefill.stats().drops[static_cast<int>(DropReason::kStaleEpoch)], 1);
+  EXPECT_EQ(prefill.find(kTransfer), nullptr);
+  Message fresh = old;
+  fresh.to_epoch = 2;
+  prefill.on_message(fresh, 1, &out);
+  prefill.on_message(fresh, 2, &out);
+  EXPECT_EQ(prefill.stats().drops[static_cast<int>(DropReason::kDuplicate)], 1);
+  Message unknown = peer_message(MessageKind::kRemoteBlocks, kDecode, kPrefill);
+  unknown.to_epoch = 2;
+  unknown.transfer = 999;
+  prefill.on_message(unknown, 3, &out);
+  EXPECT_EQ(prefill.stats().drops[static_cast<int>(DropReason::kUnknown)], 1);
+  Message abort = peer_message(MessageKind::kAbort, kRouter, kPrefill);
+  abort.to_epoch = 2;
+  abort.peer = kDecode;
+  abort.peer_epoch = 1;
+  prefill.on_message(abort, 4, &out);
+  EXPECT_EQ(prefill.find(kTransfer)->state, PrefillState::kEnded);
+  out.clear();
+  Message late = peer_message(MessageKind::kRemoteBlocks, kDecode, kPrefill);
+  late.to_epoch = 2;
+  prefill.on_message(late, 5, &out);
+  EXPECT_EQ(prefill.stats().drops[static_cast<int>(DropReason::kEnded)], 1);
+  // The late sender is told the transfer ended, so it can end too.
+  EXPECT_EQ(count_messages(out, MessageKind::kRelease), 1);
+}
+
+// The router mints one id per request and reports exactly one terminal state.
+TEST(PdProtocol, RouterEndsEachRequestOnce) {
+  ProtocolConfig config;
+  RouterCore router(kRouter, 1, config);
+  Outputs out;
+  router.on_message(heartbeat(kPrefill, kRouter, Role::kPrefill), 0, &out);
+  Message hb = heartbeat(kDecode, kRouter, Role::kDecode);
+  hb.capacity_blocks = 100;
+  router.on_message(hb, 0, &out);
+  Message hbp = heartbeat(kPrefill, kRouter, Role::kPrefill);
+  hbp.capacity_blocks = 100;
+  router.on_message(hbp, 0, &out);
+  out.clear();
+  RequestSpec spec;
+  spec.prompt_tokens = 40;
+  spec.n_siblings = 3;
+  TransferId id = router.submit(spec, 1, &out);
+  EXPECT_EQ(count_messages(out, MessageKind::kStartPrefill), 1);
+  EXPECT_EQ(count_messages(out, MessageKind::kStartDecode), 1);
+  out.clear();
+  Message outcome = peer_message(MessageKind::kOutcome, kDecode, kRouter);
+  outcome.transfer = id;
+  router.on_message(outcome, 10, &out);
+  router.on_message(outcome, 11, &out);  // duplicate
+  ASSERT_EQ(out.request_ends.size(), 1u);
+  EXPECT_EQ(out.request_ends[0].state, RouterState::kCompleted);
+  EXPECT_EQ(router.reserved_blocks(kPrefill), 0);
+  EXPECT_EQ(router.reserved_blocks(kDecode), 0);
+  // A request that can never fit fails at once with a reason.
+  spec.prompt_tokens = 100 * 16;
+  router.submit(spec, 12, &out);
+  ASSERT_EQ(out.request_ends.size(), 2u);
+  EXPECT_EQ(out.request_ends[1].reason, EndReason::kCapacity);
+}
+
+}  // namespace
+}  // namespace tandem::pd
