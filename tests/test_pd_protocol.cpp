@@ -93,6 +93,10 @@ TEST(PdProtocol, DeferredWriteAcceptsAddresses78SecondsLate) {
     prefill.on_timer(t, &out);
   }
   EXPECT_EQ(prefill.find(kTransfer)->state, PrefillState::kAwaitingAddresses);
+  // Inspectable: one transfer waiting for addresses, for 78 s.
+  auto ages = prefill.ages_by_state(78'100);
+  EXPECT_EQ(ages[static_cast<int>(PrefillState::kAwaitingAddresses)].count, 1);
+  EXPECT_EQ(ages[static_cast<int>(PrefillState::kAwaitingAddresses)].oldest_ms, 78'000);
   out.clear();
   Message remote = peer_message(MessageKind::kRemoteBlocks, kDecode, kPrefill);
   remote.blocks = iota_blocks(3, 10);

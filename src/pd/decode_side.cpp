@@ -10,32 +10,9 @@ DecodeSide::DecodeSide(NodeId id, Epoch epoch, int32_t capacity_blocks,
                        const ProtocolConfig& config)
     : NodeCore(id, epoch, Role::kDecode, capacity_blocks, config) {}
 
-const DecodeTransfer* DecodeSide::find(TransferId transfer) const {
-  auto it = transfers_.find(transfer);
-  return it == transfers_.end() ? nullptr : &it->second;
-}
-
 Outbox* DecodeSide::outbox_of(TransferId transfer) {
   auto it = transfers_.find(transfer);
   return it == transfers_.end() ? nullptr : &it->second.outbox;
-}
-
-std::array<int64_t, kDecodeStateCount> DecodeSide::count_by_state() const {
-  std::array<int64_t, kDecodeStateCount> counts{};
-  for (const auto& [id, t] : transfers_) ++counts[static_cast<int>(t.state)];
-  return counts;
-}
-
-int64_t DecodeSide::blocks_held() const {
-  int64_t n = 0;
-  for (const auto& [id, t] : transfers_) n += static_cast<int64_t>(t.blocks.size());
-  return n;
-}
-
-int64_t DecodeSide::slots_held() const {
-  int64_t n = 0;
-  for (const auto& [id, t] : transfers_) n += t.slot != kNoSlot ? 1 : 0;
-  return n;
 }
 
 std::string DecodeSide::check_sibling_maps() const {
@@ -77,43 +54,21 @@ void DecodeSide::add_sibling(TransferId transfer, SiblingId sibling) {
 
 void DecodeSide::handle(const Message& m, TimeMs now_ms, Outputs* out) {
   if (m.kind == MessageKind::kStartDecode) return on_start(m, now_ms, out);
-  auto it = transfers_.find(m.transfer);
-  if (it == transfers_.end()) {
-    if (m.kind == MessageKind::kAbort || m.kind == MessageKind::kRelease) {
-      bool abort = m.kind == MessageKind::kAbort;
-      DecodeTransfer& t = transfers_[m.transfer];
-      start_tombstone(t, m.transfer, abort ? m.peer : m.from, abort ? m.peer_epoch : m.from_epoch,
-                      abort ? EndReason::kRouterAbort : EndReason::kPeerReleased, now_ms, out);
-      t.peer_released = !abort;
-      set_state(t, DecodeState::kEnded, now_ms);
-      schedule_next(t);
-      send_ack(m, out);
-      return;
-    }
-    // Never seen: no answer, the sender retransmits if it must (this covers a
-    // peer's message overtaking the router's Start).
-    return drop(DropReason::kUnknown);
-  }
-  if (m.kind == MessageKind::kAbort) {
-    if (!it->second.ending) {
-      end_transfer(it->second, EndReason::kRouterAbort, now_ms, out);
-    } else {
-      drop(DropReason::kEnded);
-    }
-    send_ack(m, out);
-    return;
-  }
-  DecodeTransfer& t = it->second;
-  if (m.from != t.peer) return drop(DropReason::kWrongPeer);
-  if (m.from_epoch != t.peer_epoch) return drop(DropReason::kStaleEpoch);
-  if (t.state == DecodeState::kEnded) return answer_ended(t, m, now_ms, out);
+  DecodeTransfer* t = accept<DecodeTransfer>(
+      transfers_, m, now_ms, out,
+      [&](DecodeTransfer& x) { end_transfer(x, EndReason::kRouterAbort, now_ms, out); },
+      [&](DecodeTransfer& x) {
+        set_state(x, DecodeState::kEnded, now_ms);
+        schedule_next(x);
+      });
+  if (t == nullptr) return;
   switch (m.kind) {
     case MessageKind::kWriteDone:
-      return on_write_done(t, m, now_ms, out);
+      return on_write_done(*t, m, now_ms, out);
     case MessageKind::kKvAddresses:
-      return on_kv_addresses(t, m, now_ms, out);
+      return on_kv_addresses(*t, m, now_ms, out);
     case MessageKind::kRelease:
-      return on_release(t, m, now_ms, out);
+      return on_release(*t, m, now_ms, out);
     default:
       return drop(DropReason::kUnknown);
   }
@@ -164,12 +119,7 @@ void DecodeSide::on_blocks_allocated(TransferId transfer, std::vector<BlockId> b
                                      Outputs* out) {
   auto it = transfers_.find(transfer);
   if (it == transfers_.end() || it->second.ending) {
-    Effect free;
-    free.kind = EffectKind::kFree;
-    free.transfer = transfer;
-    free.local_blocks = std::move(blocks);
-    free.local_slot = slot;
-    out->effects.push_back(std::move(free));
+    free_blocks(transfer, std::move(blocks), slot, out);
     return finish(now_ms, out);
   }
   DecodeTransfer& t = it->second;
@@ -218,17 +168,12 @@ void DecodeSide::on_allocation_failed(TransferId transfer, TimeMs now_ms, Output
 void DecodeSide::on_write_done(DecodeTransfer& t, const Message& m, TimeMs now_ms, Outputs* out) {
   send_ack(m, out);
   if (t.mode != TransferMode::kWrite) return drop(DropReason::kUnknown);
-  if (t.state == DecodeState::kEnded) return drop(DropReason::kEnded);
   if (t.peer_released) return drop(DropReason::kDuplicate);
   t.peer_released = true;
   t.outbox.drop_kind(MessageKind::kRemoteBlocks);
   if (t.ending) return try_finish_end(t, now_ms, out);
   TANDEM_ASSERT(t.state == DecodeState::kAwaitingWrite, "WriteDone before our addresses went out");
-  Effect revoke;
-  revoke.kind = EffectKind::kRevokeAccess;
-  revoke.transfer = t.id;
-  out->effects.push_back(std::move(revoke));
-  t.exposed = false;
+  revoke_access(t, out);
   kv_ready(t, now_ms, out);
 }
 
@@ -346,7 +291,6 @@ void DecodeSide::on_sibling_finished(SiblingId sibling, TimeMs now_ms, Outputs* 
 
 void DecodeSide::on_release(DecodeTransfer& t, const Message& m, TimeMs now_ms, Outputs* out) {
   send_ack(m, out);
-  if (t.state == DecodeState::kEnded) return drop(DropReason::kEnded);
   if (t.peer_released) return drop(DropReason::kDuplicate);
   t.peer_released = true;
   t.outbox.drop_kind(MessageKind::kRemoteBlocks);
@@ -387,18 +331,6 @@ void DecodeSide::end_transfer(DecodeTransfer& t, EndReason reason, TimeMs now_ms
   try_finish_end(t, now_ms, out);
 }
 
-void DecodeSide::free_blocks(DecodeTransfer& t, Outputs* out) {
-  if (t.blocks.empty() && t.slot == kNoSlot) return;
-  Effect free;
-  free.kind = EffectKind::kFree;
-  free.transfer = t.id;
-  free.local_blocks = std::move(t.blocks);
-  free.local_slot = t.slot;
-  out->effects.push_back(std::move(free));
-  t.blocks.clear();
-  t.slot = kNoSlot;
-}
-
 void DecodeSide::try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out) {
   if (t.state == DecodeState::kEnded) return;
   bool peer_can_reach = t.exposed && !t.peer_released && !t.peer_dead;
@@ -420,14 +352,8 @@ void DecodeSide::try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out) 
     // Mutation 4: give the blocks back while the live prefill can still write them.
     t.exposed = false;
   }
-  if (t.exposed) {
-    Effect revoke;
-    revoke.kind = EffectKind::kRevokeAccess;
-    revoke.transfer = t.id;
-    out->effects.push_back(std::move(revoke));
-    t.exposed = false;
-  }
-  free_blocks(t, out);
+  revoke_access(t, out);
+  free_held(t, out);
   t.outbox.drop_kind(MessageKind::kRemoteBlocks);
   bool peer_exposed_to_us = t.mode == TransferMode::kRead && t.addresses_known;
   if (!t.release_sent && !forgot_us(t) && (!t.peer_released || peer_exposed_to_us)) {

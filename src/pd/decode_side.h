@@ -38,11 +38,14 @@ class DecodeSide : public NodeCore {
   void on_sibling_finished(SiblingId sibling, TimeMs now_ms, Outputs* out);
 
   // Inspection.
-  const DecodeTransfer* find(TransferId transfer) const;
+  const DecodeTransfer* find(TransferId transfer) const { return find_transfer(transfers_, transfer); }
   const std::map<TransferId, DecodeTransfer>& transfers() const { return transfers_; }
-  std::array<int64_t, kDecodeStateCount> count_by_state() const;
-  int64_t blocks_held() const;
-  int64_t slots_held() const;
+  std::array<int64_t, kDecodeStateCount> count_by_state() const { return count_by_state_of<kDecodeStateCount>(transfers_); }
+  std::array<StateAge, kDecodeStateCount> ages_by_state(TimeMs now_ms) const {
+    return pd::ages_by_state<decltype(transfers_), kDecodeStateCount>(transfers_, now_ms);
+  }
+  int64_t blocks_held() const { return blocks_held_by(transfers_); }
+  int64_t slots_held() const { return slots_held_by(transfers_); }
   // Siblings are children of their transfer: transfer -> {siblings} and
   // sibling -> transfer must describe the same relation. Returns "" when they
   // do, else what is wrong.
@@ -70,7 +73,6 @@ class DecodeSide : public NodeCore {
   void set_state(DecodeTransfer& t, DecodeState state, TimeMs now_ms);
   void end_transfer(DecodeTransfer& t, EndReason reason, TimeMs now_ms, Outputs* out);
   void try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out);
-  void free_blocks(DecodeTransfer& t, Outputs* out);
   void schedule_next(DecodeTransfer& t);
 
   std::map<TransferId, DecodeTransfer> transfers_;

@@ -91,6 +91,32 @@ Message NodeCore::make(MessageKind kind, NodeId to, Epoch to_epoch, TransferId t
   return m;
 }
 
+void NodeCore::free_blocks(TransferId transfer, std::vector<BlockId> blocks, int32_t slot,
+                           Outputs* out) {
+  if (blocks.empty() && slot == kNoSlot) return;
+  Effect free;
+  free.kind = EffectKind::kFree;
+  free.transfer = transfer;
+  free.local_blocks = std::move(blocks);
+  free.local_slot = slot;
+  out->effects.push_back(std::move(free));
+}
+
+void NodeCore::free_held(TransferBase& t, Outputs* out) {
+  free_blocks(t.id, std::move(t.blocks), t.slot, out);
+  t.blocks.clear();
+  t.slot = kNoSlot;
+}
+
+void NodeCore::revoke_access(TransferBase& t, Outputs* out) {
+  if (!t.exposed) return;
+  Effect revoke;
+  revoke.kind = EffectKind::kRevokeAccess;
+  revoke.transfer = t.id;
+  out->effects.push_back(std::move(revoke));
+  t.exposed = false;
+}
+
 void NodeCore::send_ack(const Message& received, Outputs* out) const {
   Message ack = make(MessageKind::kAck, received.from, received.from_epoch, received.transfer);
   ack.acked = received.kind;

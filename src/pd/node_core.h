@@ -3,8 +3,10 @@
 // queue, and the counters every core exposes.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <functional>
+#include <map>
 #include <queue>
 #include <vector>
 
@@ -70,6 +72,49 @@ struct TransferBase {
   Outbox outbox;
 };
 
+// Transfers in one state: how many, and how long the oldest has been in it
+// (the watchdog and the debug endpoint read this).
+struct StateAge {
+  int64_t count = 0;
+  TimeMs oldest_ms = 0;
+};
+
+template <typename Transfers, size_t N>
+std::array<StateAge, N> ages_by_state(const Transfers& transfers, TimeMs now_ms) {
+  std::array<StateAge, N> ages{};
+  for (const auto& [id, t] : transfers) {
+    StateAge& a = ages[static_cast<size_t>(t.state)];
+    ++a.count;
+    a.oldest_ms = std::max(a.oldest_ms, now_ms - t.state_since_ms);
+  }
+  return ages;
+}
+
+// Read-only views over a side's transfer map (shared by both instance sides).
+template <typename Map>
+const typename Map::mapped_type* find_transfer(const Map& transfers, TransferId id) {
+  auto it = transfers.find(id);
+  return it == transfers.end() ? nullptr : &it->second;
+}
+template <typename Map>
+int64_t blocks_held_by(const Map& transfers) {
+  int64_t n = 0;
+  for (const auto& [id, t] : transfers) n += static_cast<int64_t>(t.blocks.size());
+  return n;
+}
+template <typename Map>
+int64_t slots_held_by(const Map& transfers) {
+  int64_t n = 0;
+  for (const auto& [id, t] : transfers) n += t.slot != kNoSlot ? 1 : 0;
+  return n;
+}
+template <size_t N, typename Map>
+std::array<int64_t, N> count_by_state_of(const Map& transfers) {
+  std::array<int64_t, N> counts{};
+  for (const auto& [id, t] : transfers) ++counts[static_cast<size_t>(t.state)];
+  return counts;
+}
+
 struct NodeStats {
   std::array<int64_t, kDropReasonCount> drops{};
   std::array<int64_t, kEndReasonCount> ends{};
@@ -121,6 +166,20 @@ class NodeCore {
   virtual void on_heartbeat(TimeMs, Outputs*) {}
 
   Message make(MessageKind kind, NodeId to, Epoch to_epoch, TransferId transfer) const;
+  // Returns the blocks and slot a transfer holds to the pool (moves them out of t).
+  static void free_held(TransferBase& t, Outputs* out);
+  static void free_blocks(TransferId transfer, std::vector<BlockId> blocks, int32_t slot, Outputs* out);
+  // Stops exposing the transfer's memory to its peer (no RMA can reach it after).
+  static void revoke_access(TransferBase& t, Outputs* out);
+  // The checks every message about a transfer goes through on an instance.
+  // Returns the live transfer the message is for, or null when it was fully
+  // handled here: unknown (dropped; an Abort or Release leaves a tombstone),
+  // an Abort (ends the transfer through `end_on_abort`), from the wrong peer
+  // or epoch (dropped), or for a tombstone (answered).
+  template <typename Transfer>
+  Transfer* accept(std::map<TransferId, Transfer>& transfers, const Message& m, TimeMs now_ms,
+                   Outputs* out, const std::function<void(Transfer&)>& end_on_abort,
+                   const std::function<void(Transfer&)>& became_tombstone);
   void send_ack(const Message& received, Outputs* out) const;
   void schedule(TransferId transfer, TimeMs at_ms);
   void drop(DropReason reason) { ++stats_.drops[static_cast<int>(reason)]; }
@@ -167,5 +226,52 @@ class NodeCore {
   using Timer = std::pair<TimeMs, TransferId>;
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
 };
+
+template <typename Transfer>
+Transfer* NodeCore::accept(std::map<TransferId, Transfer>& transfers, const Message& m,
+                           TimeMs now_ms, Outputs* out,
+                           const std::function<void(Transfer&)>& end_on_abort,
+                           const std::function<void(Transfer&)>& became_tombstone) {
+  auto it = transfers.find(m.transfer);
+  if (it == transfers.end()) {
+    if (m.kind == MessageKind::kAbort || m.kind == MessageKind::kRelease) {
+      bool abort = m.kind == MessageKind::kAbort;
+      Transfer& t = transfers[m.transfer];
+      start_tombstone(t, m.transfer, abort ? m.peer : m.from, abort ? m.peer_epoch : m.from_epoch,
+                      abort ? EndReason::kRouterAbort : EndReason::kPeerReleased, now_ms, out);
+      t.peer_released = !abort;
+      became_tombstone(t);
+      send_ack(m, out);
+      return nullptr;
+    }
+    // Never seen: no answer, the sender retransmits if it must (this covers a
+    // peer's message overtaking the router's Start).
+    drop(DropReason::kUnknown);
+    return nullptr;
+  }
+  Transfer& t = it->second;
+  if (m.kind == MessageKind::kAbort) {
+    if (!t.ending) {
+      end_on_abort(t);
+    } else {
+      drop(DropReason::kEnded);
+    }
+    send_ack(m, out);
+    return nullptr;
+  }
+  if (m.from != t.peer) {
+    drop(DropReason::kWrongPeer);
+    return nullptr;
+  }
+  if (m.from_epoch != t.peer_epoch) {
+    drop(DropReason::kStaleEpoch);
+    return nullptr;
+  }
+  if (t.ended_ms != kNever) {
+    answer_ended(t, m, now_ms, out);
+    return nullptr;
+  }
+  return &t;
+}
 
 }  // namespace tandem::pd

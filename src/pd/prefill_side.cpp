@@ -16,32 +16,9 @@ PrefillSide::PrefillSide(NodeId id, Epoch epoch, int32_t capacity_blocks,
                          const ProtocolConfig& config)
     : NodeCore(id, epoch, Role::kPrefill, capacity_blocks, config) {}
 
-const PrefillTransfer* PrefillSide::find(TransferId transfer) const {
-  auto it = transfers_.find(transfer);
-  return it == transfers_.end() ? nullptr : &it->second;
-}
-
 Outbox* PrefillSide::outbox_of(TransferId transfer) {
   auto it = transfers_.find(transfer);
   return it == transfers_.end() ? nullptr : &it->second.outbox;
-}
-
-std::array<int64_t, kPrefillStateCount> PrefillSide::count_by_state() const {
-  std::array<int64_t, kPrefillStateCount> counts{};
-  for (const auto& [id, t] : transfers_) ++counts[static_cast<int>(t.state)];
-  return counts;
-}
-
-int64_t PrefillSide::blocks_held() const {
-  int64_t n = 0;
-  for (const auto& [id, t] : transfers_) n += static_cast<int64_t>(t.blocks.size());
-  return n;
-}
-
-int64_t PrefillSide::slots_held() const {
-  int64_t n = 0;
-  for (const auto& [id, t] : transfers_) n += t.slot != kNoSlot ? 1 : 0;
-  return n;
 }
 
 void PrefillSide::set_state(PrefillTransfer& t, PrefillState state, TimeMs now_ms) {
@@ -52,41 +29,19 @@ void PrefillSide::set_state(PrefillTransfer& t, PrefillState state, TimeMs now_m
 
 void PrefillSide::handle(const Message& m, TimeMs now_ms, Outputs* out) {
   if (m.kind == MessageKind::kStartPrefill) return on_start(m, now_ms, out);
-  auto it = transfers_.find(m.transfer);
-  if (it == transfers_.end()) {
-    if (m.kind == MessageKind::kAbort || m.kind == MessageKind::kRelease) {
-      bool abort = m.kind == MessageKind::kAbort;
-      PrefillTransfer& t = transfers_[m.transfer];
-      start_tombstone(t, m.transfer, abort ? m.peer : m.from, abort ? m.peer_epoch : m.from_epoch,
-                      abort ? EndReason::kRouterAbort : EndReason::kPeerReleased, now_ms, out);
-      t.peer_released = !abort;
-      set_state(t, PrefillState::kEnded, now_ms);
-      schedule_next(t);
-      send_ack(m, out);
-      return;
-    }
-    // Never seen: no answer, the sender retransmits if it must (this covers a
-    // peer's message overtaking the router's Start).
-    return drop(DropReason::kUnknown);
-  }
-  if (m.kind == MessageKind::kAbort) {
-    if (!it->second.ending) {
-      end_transfer(it->second, EndReason::kRouterAbort, now_ms, out);
-    } else {
-      drop(DropReason::kEnded);
-    }
-    send_ack(m, out);
-    return;
-  }
-  PrefillTransfer& t = it->second;
-  if (m.from != t.peer) return drop(DropReason::kWrongPeer);
-  if (m.from_epoch != t.peer_epoch) return drop(DropReason::kStaleEpoch);
-  if (t.state == PrefillState::kEnded) return answer_ended(t, m, now_ms, out);
+  PrefillTransfer* t = accept<PrefillTransfer>(
+      transfers_, m, now_ms, out,
+      [&](PrefillTransfer& x) { end_transfer(x, EndReason::kRouterAbort, now_ms, out); },
+      [&](PrefillTransfer& x) {
+        set_state(x, PrefillState::kEnded, now_ms);
+        schedule_next(x);
+      });
+  if (t == nullptr) return;
   switch (m.kind) {
     case MessageKind::kRemoteBlocks:
-      return on_remote_blocks(t, m, now_ms, out);
+      return on_remote_blocks(*t, m, now_ms, out);
     case MessageKind::kRelease:
-      return on_release(t, m, now_ms, out);
+      return on_release(*t, m, now_ms, out);
     default:
       return drop(DropReason::kUnknown);
   }
@@ -133,12 +88,7 @@ void PrefillSide::on_prefill_computed(TransferId transfer, std::vector<BlockId> 
   auto it = transfers_.find(transfer);
   if (it == transfers_.end() || it->second.ending) {
     // The transfer ended while the engine computed: the blocks come straight back.
-    Effect free;
-    free.kind = EffectKind::kFree;
-    free.transfer = transfer;
-    free.local_blocks = std::move(blocks);
-    free.local_slot = slot;
-    out->effects.push_back(std::move(free));
+    free_blocks(transfer, std::move(blocks), slot, out);
     return finish(now_ms, out);
   }
   PrefillTransfer& t = it->second;
@@ -241,14 +191,7 @@ void PrefillSide::on_write_done(TransferId transfer, RmaResult result, TimeMs no
   } else if (result == RmaResult::kOk) {
     // Our blocks are no longer needed; WriteDone also says we are done with the
     // decode's memory, so it doubles as our release.
-    Effect free;
-    free.kind = EffectKind::kFree;
-    free.transfer = t.id;
-    free.local_blocks = std::move(t.blocks);
-    free.local_slot = t.slot;
-    out->effects.push_back(std::move(free));
-    t.blocks.clear();
-    t.slot = kNoSlot;
+    free_held(t, out);
     Message done = make(MessageKind::kWriteDone, t.peer, t.peer_epoch, t.id);
     t.outbox.put(std::move(done), now_ms, config_.retransmit_interval_ms, out);
     t.release_sent = true;
@@ -256,14 +199,7 @@ void PrefillSide::on_write_done(TransferId transfer, RmaResult result, TimeMs no
   } else if (result == RmaResult::kPostFailed &&
              config_.mutation == Mutation::kSilentWritePostFailure) {
     // Mutation 5: give up without telling the decode or the router.
-    Effect free;
-    free.kind = EffectKind::kFree;
-    free.transfer = t.id;
-    free.local_blocks = std::move(t.blocks);
-    free.local_slot = t.slot;
-    out->effects.push_back(std::move(free));
-    t.blocks.clear();
-    t.slot = kNoSlot;
+    free_held(t, out);
     t.ending = true;
     t.end_reason = EndReason::kWritePostFailed;
     t.release_sent = true;
@@ -281,7 +217,6 @@ void PrefillSide::on_write_done(TransferId transfer, RmaResult result, TimeMs no
 
 void PrefillSide::on_release(PrefillTransfer& t, const Message& m, TimeMs now_ms, Outputs* out) {
   send_ack(m, out);
-  if (t.state == PrefillState::kEnded) return drop(DropReason::kEnded);
   if (t.peer_released) return drop(DropReason::kDuplicate);
   t.peer_released = true;
   if (t.ending) return try_finish_end(t, now_ms, out);
@@ -330,23 +265,8 @@ void PrefillSide::try_finish_end(PrefillTransfer& t, TimeMs now_ms, Outputs* out
     schedule_next(t);
     return;
   }
-  if (t.exposed) {
-    Effect revoke;
-    revoke.kind = EffectKind::kRevokeAccess;
-    revoke.transfer = t.id;
-    out->effects.push_back(std::move(revoke));
-    t.exposed = false;
-  }
-  if (!t.blocks.empty() || t.slot != kNoSlot) {
-    Effect free;
-    free.kind = EffectKind::kFree;
-    free.transfer = t.id;
-    free.local_blocks = std::move(t.blocks);
-    free.local_slot = t.slot;
-    out->effects.push_back(std::move(free));
-    t.blocks.clear();
-    t.slot = kNoSlot;
-  }
+  revoke_access(t, out);
+  free_held(t, out);
   // An unacknowledged WriteDone stays: it is the decode's release (it may be
   // quarantined waiting for it).
   t.outbox.drop_kind(MessageKind::kKvAddresses);

@@ -36,11 +36,14 @@ class PrefillSide : public NodeCore {
   void on_write_done(TransferId transfer, RmaResult result, TimeMs now_ms, Outputs* out);
 
   // Inspection (metrics, debug endpoint, simulator invariants).
-  const PrefillTransfer* find(TransferId transfer) const;
+  const PrefillTransfer* find(TransferId transfer) const { return find_transfer(transfers_, transfer); }
   const std::map<TransferId, PrefillTransfer>& transfers() const { return transfers_; }
-  std::array<int64_t, kPrefillStateCount> count_by_state() const;
-  int64_t blocks_held() const;
-  int64_t slots_held() const;
+  std::array<int64_t, kPrefillStateCount> count_by_state() const { return count_by_state_of<kPrefillStateCount>(transfers_); }
+  std::array<StateAge, kPrefillStateCount> ages_by_state(TimeMs now_ms) const {
+    return pd::ages_by_state<decltype(transfers_), kPrefillStateCount>(transfers_, now_ms);
+  }
+  int64_t blocks_held() const { return blocks_held_by(transfers_); }
+  int64_t slots_held() const { return slots_held_by(transfers_); }
 
  protected:
   void handle(const Message& message, TimeMs now_ms, Outputs* out) override;
