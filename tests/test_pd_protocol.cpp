@@ -307,6 +307,29 @@ TEST(PdProtocol, WritePostFailureIsReported) {
   }
 }
 
+// A peer that stops heartbeating is declared dead within one lease, and its
+// transfers fail at once, reported to the router with the reason.
+TEST(PdProtocol, DeadPeerFailsTransfersWithinTheLease) {
+  ProtocolConfig config;
+  PrefillSide prefill(kPrefill, 1, 64, config);
+  Outputs out;
+  prefill.on_message(start(MessageKind::kStartPrefill, TransferMode::kWrite, 40, 1), 0, &out);
+  prefill.on_prefill_computed(kTransfer, iota_blocks(3, 0), kNoSlot, 10, &out);
+  const TimeMs last_heard_ms = 1'000;
+  prefill.on_message(heartbeat(kDecode, kPrefill, Role::kDecode), last_heard_ms, &out);
+  out.clear();
+  prefill.on_timer(last_heard_ms + config.lease_ms - 1, &out);
+  EXPECT_EQ(prefill.find(kTransfer)->state, PrefillState::kAwaitingAddresses);
+  prefill.on_timer(last_heard_ms + config.lease_ms, &out);
+  EXPECT_EQ(prefill.find(kTransfer)->state, PrefillState::kEnded);
+  EXPECT_EQ(prefill.find(kTransfer)->end_reason, EndReason::kPeerDead);
+  const Message* outcome = find_message(out, MessageKind::kOutcome);
+  ASSERT_NE(outcome, nullptr);
+  EXPECT_EQ(outcome->reason, EndReason::kPeerDead);
+  EXPECT_NE(find_effect(out, EffectKind::kFree), nullptr);
+  EXPECT_EQ(prefill.blocks_held(), 0);
+}
+
 // One prompt token moves nothing; the transfer still completes.
 TEST(PdProtocol, ZeroBlockTransferCompletes) {
   ProtocolConfig config;

@@ -299,7 +299,11 @@ void DecodeSide::on_release(DecodeTransfer& t, const Message& m, TimeMs now_ms, 
     // The prefill is done with us (READ: after our read); nothing to end.
     return;
   }
-  end_transfer(t, EndReason::kPeerReleased, now_ms, out);
+  // Our Outcome carries the prefill's reason when it failed (its own report
+  // may be lost with it).
+  bool peer_failed = m.reason != EndReason::kCompleted && m.reason != EndReason::kRouterAbort &&
+                     m.reason != EndReason::kClientAbort && m.reason != EndReason::kPeerReleased;
+  end_transfer(t, peer_failed ? m.reason : EndReason::kPeerReleased, now_ms, out);
 }
 
 void DecodeSide::on_ack(TransferId, MessageKind, TimeMs, Outputs*) {}
@@ -388,7 +392,11 @@ void DecodeSide::service(TransferId transfer, TimeMs now_ms, Outputs* out) {
   if (it == transfers_.end()) return;
   DecodeTransfer& t = it->second;
   auto end = [&](EndReason reason) { end_transfer(t, reason, now_ms, out); };
-  service_outbox(t, now_ms, out, end);
+  if (service_outbox(t, now_ms, out, end) && t.state == DecodeState::kQuarantined) {
+    // Waiting on a peer that answers nothing for max_retransmits: treat it as
+    // dead (access revoked before anything is freed).
+    t.peer_dead = true;
+  }
   if (t.state == DecodeState::kQuarantined) try_finish_end(t, now_ms, out);
   if (t.state == DecodeState::kEnded && t.outbox.empty() &&
       now_ms >= t.ended_ms + config_.tombstone_ttl_ms) {
@@ -406,7 +414,10 @@ void DecodeSide::on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* o
     // A lease can expire on a live peer cut off for a while: keep telling it
     // (it may still wait for us), unless it restarted and forgot everything.
     if (leases_.is_superseded(death.node, death.epoch)) t.outbox.drop_to(death.node, death.epoch);
-    if (!t.ending) {
+    if (t.state == DecodeState::kDecoding) {
+      // The KV is here: the prefill is no longer needed, the request goes on.
+      continue;
+    } else if (!t.ending) {
       end_transfer(t, EndReason::kPeerDead, now_ms, out);
     } else {
       try_finish_end(t, now_ms, out);

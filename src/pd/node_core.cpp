@@ -165,7 +165,6 @@ void NodeCore::report_outcome(TransferBase& t, TimeMs now_ms, Outputs* out) {
   switch (t.end_reason) {
     case EndReason::kRouterAbort:
     case EndReason::kClientAbort:
-    case EndReason::kPeerReleased:
       return;
     default:
       break;
@@ -240,13 +239,15 @@ void NodeCore::on_timer(TimeMs now_ms, Outputs* out) {
   finish(now_ms, out);
 }
 
-void NodeCore::service_outbox(TransferBase& t, TimeMs now_ms, Outputs* out,
+bool NodeCore::service_outbox(TransferBase& t, TimeMs now_ms, Outputs* out,
                               const std::function<void(EndReason)>& end) {
   int exhausted = t.outbox.service(now_ms, config_.retransmit_interval_ms, config_.max_retransmits,
                                    out, &stats_.retransmits);
   stats_.retransmit_exhausted += exhausted;
+  bool was_ending = t.ending;
   if (exhausted > 0 && !t.ending) end(EndReason::kRetransmitLimit);
   if (!t.ending && now_ms >= t.deadline_ms) end(EndReason::kDeadline);
+  return exhausted > 0 && was_ending;
 }
 
 void NodeCore::finish(TimeMs now_ms, Outputs* out) {

@@ -201,13 +201,14 @@ class NodeCore {
   }
   // The Release a side sends when it ends: reliable, carrying the shared id.
   void send_release(TransferBase& t, TimeMs now_ms, Outputs* out);
-  // A local failure is reported to the router; the router's own aborts and the
-  // peer's releases are not (their cause is reported by whoever saw it).
+  // The end of a transfer is reported to the router, except the router's own
+  // aborts. The decode reports every end (the router decides a request's fate
+  // on its word, even when the prefill that failed first has crashed since).
   void report_outcome(TransferBase& t, TimeMs now_ms, Outputs* out);
   void declare_deaths(std::vector<PeerDeath>& deaths, TimeMs now_ms, Outputs* out);
   // Common services of a transfer record: retransmit, and end at the deadline
-  // or when a message exhausted its retransmits.
-  void service_outbox(TransferBase& t, TimeMs now_ms, Outputs* out,
+  // or when a message exhausted its retransmits. Returns true when one did.
+  bool service_outbox(TransferBase& t, TimeMs now_ms, Outputs* out,
                       const std::function<void(EndReason)>& end);
 
   // Sets out->wake_at_ms; every public entry point ends with it.

@@ -247,7 +247,9 @@ void PrefillSide::end_transfer(PrefillTransfer& t, EndReason reason, TimeMs now_
     cancel.transfer = t.id;
     out->effects.push_back(std::move(cancel));
   }
-  if (reason != EndReason::kCompleted) report_outcome(t, now_ms, out);
+  // The prefill reports only its own failures (the decode reports the rest).
+  if (reason != EndReason::kCompleted && reason != EndReason::kPeerReleased)
+    report_outcome(t, now_ms, out);
   try_finish_end(t, now_ms, out);
 }
 
@@ -297,7 +299,12 @@ void PrefillSide::service(TransferId transfer, TimeMs now_ms, Outputs* out) {
   if (it == transfers_.end()) return;
   PrefillTransfer& t = it->second;
   auto end = [&](EndReason reason) { end_transfer(t, reason, now_ms, out); };
-  service_outbox(t, now_ms, out, end);
+  if (service_outbox(t, now_ms, out, end) && t.state == PrefillState::kDraining && !t.rma_in_flight) {
+    // Waiting on a decode that answers nothing for max_retransmits: treat it
+    // as dead (access revoked before anything is freed).
+    t.peer_dead = true;
+    try_finish_end(t, now_ms, out);
+  }
   if (t.state == PrefillState::kAwaitingAddresses && now_ms >= t.defer_expiry_ms)
     end(EndReason::kDeferExpired);
   if (t.state == PrefillState::kEnded && t.outbox.empty() &&

@@ -226,10 +226,12 @@ void RouterCore::on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* o
     // keep going to it, unless it restarted and forgot everything.
     if (restarted) r.outbox.drop_to(death.node, death.epoch);
     if (r.state != RouterState::kDispatched) continue;
-    bool involved = (r.prefill == death.node && r.prefill_epoch == death.epoch) ||
-                    (r.decode == death.node && r.decode_epoch == death.epoch);
-    // Abort both sides: the "dead" one may only be cut off, and must still hear it.
-    if (involved) fail(r, EndReason::kPeerDead, 0, now_ms, out);
+    // Only the decode's death fails a request here: a dead prefill is the
+    // decode's to notice (it fails the transfer if its KV had not arrived, and
+    // goes on decoding if it had). Abort both sides: the "dead" one may only be
+    // cut off, and must still hear it.
+    if (r.decode == death.node && r.decode_epoch == death.epoch)
+      fail(r, EndReason::kPeerDead, 0, now_ms, out);
   }
 }
 
