@@ -330,6 +330,50 @@ TEST(PdProtocol, DeadPeerFailsTransfersWithinTheLease) {
   EXPECT_EQ(prefill.blocks_held(), 0);
 }
 
+// Once the decode holds the KV, its prefill is no longer needed: the prefill's
+// death does not end the request, and the router does not fail it on the
+// prefill's word that it lost the decode.
+TEST(PdProtocol, PrefillDeathAfterTheKvArrivedDoesNotFailTheRequest) {
+  ProtocolConfig config;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 2), 0, &out);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
+  decode.on_message(peer_message(MessageKind::kWriteDone, kPrefill, kDecode), 20, &out);
+  ASSERT_EQ(decode.find(kTransfer)->state, DecodeState::kDecoding);
+  out.clear();
+  decode.on_timer(config.lease_ms + 100, &out);  // the prefill was never heard again
+  EXPECT_EQ(decode.find(kTransfer)->state, DecodeState::kDecoding);
+  EXPECT_EQ(find_effect(out, EffectKind::kStopSiblings), nullptr);
+
+  RouterCore router(kRouter, 1, config);
+  for (auto [node, role] : {std::pair{kPrefill, Role::kPrefill}, {kDecode, Role::kDecode}}) {
+    Message hb = heartbeat(node, kRouter, role);
+    hb.capacity_blocks = 100;
+    router.on_message(hb, 0, &out);
+  }
+  TransferId id = router.submit(RequestSpec{}, 1, &out);
+  out.clear();
+  Message lost = peer_message(MessageKind::kOutcome, kPrefill, kRouter);
+  lost.transfer = id;
+  lost.reason = EndReason::kPeerDead;
+  router.on_message(lost, 2, &out);
+  EXPECT_TRUE(out.request_ends.empty());
+  EXPECT_EQ(router.find(id)->state, RouterState::kDispatched);
+}
+
+// Transfer ids carry the router's epoch: a restarted router never reuses one.
+TEST(PdProtocol, TransferIdsNeverRepeatAcrossRouterRestarts) {
+  ProtocolConfig config;
+  Outputs out;
+  RouterCore first(kRouter, 1, config), restarted(kRouter, 2, config);
+  TransferId a = first.submit(RequestSpec{}, 0, &out);
+  TransferId b = restarted.submit(RequestSpec{}, 0, &out);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(transfer_name(a), "t1.1");
+  EXPECT_EQ(transfer_name(b), "t2.1");
+}
+
 // One prompt token moves nothing; the transfer still completes.
 TEST(PdProtocol, ZeroBlockTransferCompletes) {
   ProtocolConfig config;

@@ -22,16 +22,16 @@ std::string DecodeSide::check_sibling_maps() const {
     for (SiblingId s : siblings) {
       auto it = transfer_by_sibling_.find(s);
       if (it == transfer_by_sibling_.end() || it->second != transfer)
-        return "sibling " + std::to_string(s) + " listed under transfer " +
-               std::to_string(transfer) + " but mapped elsewhere";
+        return "sibling " + std::to_string(s) + " listed under " + transfer_name(transfer) +
+               " but mapped elsewhere";
     }
   }
   for (const auto& [sibling, transfer] : transfer_by_sibling_) {
     auto it = siblings_by_transfer_.find(transfer);
     if (it == siblings_by_transfer_.end() ||
         std::count(it->second.begin(), it->second.end(), sibling) != 1)
-      return "sibling " + std::to_string(sibling) + " maps to transfer " +
-             std::to_string(transfer) + ", which does not list it exactly once";
+      return "sibling " + std::to_string(sibling) + " maps to " + transfer_name(transfer) +
+             ", which does not list it exactly once";
   }
   if (forward != transfer_by_sibling_.size()) return "sibling maps differ in size";
   return "";
@@ -70,7 +70,7 @@ void DecodeSide::handle(const Message& m, TimeMs now_ms, Outputs* out) {
     case MessageKind::kRelease:
       return on_release(*t, m, now_ms, out);
     default:
-      return drop(DropReason::kUnknown);
+      return drop(DropReason::kUnexpected);
   }
 }
 
@@ -80,6 +80,14 @@ void DecodeSide::on_start(const Message& m, TimeMs now_ms, Outputs* out) {
   DecodeTransfer& t = it->second;
   if (!inserted) {
     drop(t.state == DecodeState::kEnded ? DropReason::kEnded : DropReason::kDuplicate);
+    if (t.router == 0) {
+      // The transfer ended before its Start (the prefill's Release came
+      // first): the router hears why from us, as for any other end.
+      t.router = m.from;
+      t.router_epoch = m.from_epoch;
+      report_outcome(t, now_ms, out);
+      schedule_next(t);
+    }
     return;
   }
   TANDEM_ASSERT(m.prompt_tokens >= 1 && m.n_siblings >= 1);
@@ -167,7 +175,7 @@ void DecodeSide::on_allocation_failed(TransferId transfer, TimeMs now_ms, Output
 
 void DecodeSide::on_write_done(DecodeTransfer& t, const Message& m, TimeMs now_ms, Outputs* out) {
   send_ack(m, out);
-  if (t.mode != TransferMode::kWrite) return drop(DropReason::kUnknown);
+  if (t.mode != TransferMode::kWrite) return drop(DropReason::kUnexpected);
   if (t.peer_released) return drop(DropReason::kDuplicate);
   t.peer_released = true;
   t.outbox.drop_kind(MessageKind::kRemoteBlocks);
@@ -179,7 +187,7 @@ void DecodeSide::on_write_done(DecodeTransfer& t, const Message& m, TimeMs now_m
 
 void DecodeSide::on_kv_addresses(DecodeTransfer& t, const Message& m, TimeMs now_ms,
                                  Outputs* out) {
-  if (t.mode != TransferMode::kRead) return drop(DropReason::kUnknown);
+  if (t.mode != TransferMode::kRead) return drop(DropReason::kUnexpected);
   send_ack(m, out);
   if (t.addresses_known) return drop(DropReason::kDuplicate);
   if (t.ending) {
@@ -299,11 +307,7 @@ void DecodeSide::on_release(DecodeTransfer& t, const Message& m, TimeMs now_ms, 
     // The prefill is done with us (READ: after our read); nothing to end.
     return;
   }
-  // Our Outcome carries the prefill's reason when it failed (its own report
-  // may be lost with it).
-  bool peer_failed = m.reason != EndReason::kCompleted && m.reason != EndReason::kRouterAbort &&
-                     m.reason != EndReason::kClientAbort && m.reason != EndReason::kPeerReleased;
-  end_transfer(t, peer_failed ? m.reason : EndReason::kPeerReleased, now_ms, out);
+  end_transfer(t, released_reason(m.reason), now_ms, out);
 }
 
 void DecodeSide::on_ack(TransferId, MessageKind, TimeMs, Outputs*) {}
@@ -359,7 +363,9 @@ void DecodeSide::try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out) 
   revoke_access(t, out);
   free_held(t, out);
   t.outbox.drop_kind(MessageKind::kRemoteBlocks);
-  bool peer_exposed_to_us = t.mode == TransferMode::kRead && t.addresses_known;
+  // In READ the prefill exposes its blocks before it sends their addresses
+  // (which we may never have received): it waits for our Release.
+  bool peer_exposed_to_us = t.mode == TransferMode::kRead;
   if (!t.release_sent && !forgot_us(t) && (!t.peer_released || peer_exposed_to_us)) {
     if (t.mode == TransferMode::kRead && config_.mutation == Mutation::kReleaseWithLocalId) {
       release_to_prefill(t, now_ms, out);
@@ -409,11 +415,12 @@ void DecodeSide::service(TransferId transfer, TimeMs now_ms, Outputs* out) {
 
 void DecodeSide::on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) {
   for (auto& [id, t] : transfers_) {
-    if (t.peer != death.node || t.peer_epoch != death.epoch || t.peer_dead) continue;
-    t.peer_dead = true;
+    if (t.peer != death.node || t.peer_epoch != death.epoch) continue;
     // A lease can expire on a live peer cut off for a while: keep telling it
     // (it may still wait for us), unless it restarted and forgot everything.
-    if (leases_.is_superseded(death.node, death.epoch)) t.outbox.drop_to(death.node, death.epoch);
+    if (forgot_us(t)) t.outbox.drop_to(death.node, death.epoch);
+    if (t.peer_dead) continue;
+    t.peer_dead = true;
     if (t.state == DecodeState::kDecoding) {
       // The KV is here: the prefill is no longer needed, the request goes on.
       continue;

@@ -78,8 +78,9 @@ class DecodeSide : public NodeCore {
   std::map<TransferId, DecodeTransfer> transfers_;
   std::map<TransferId, std::vector<SiblingId>> siblings_by_transfer_;
   std::map<SiblingId, TransferId> transfer_by_sibling_;
-  // Local ids live in their own range so that one can never pass for a transfer id.
-  SiblingId next_sibling_ = SiblingId{1} << 40;
+  // Local ids live in their own range (transfer ids stay below 2^62) so that
+  // one can never pass for a transfer id.
+  SiblingId next_sibling_ = SiblingId{1} << 63;
 };
 
 }  // namespace tandem::pd

@@ -39,13 +39,13 @@ std::string_view name(EndReason v) {
   return lookup(std::array<std::string_view, kEndReasonCount>{
                     "completed", "client_abort", "router_abort", "peer_released", "peer_dead",
                     "deadline", "prefill_failed", "allocation_failed", "write_post_failed",
-                    "rma_failed", "retransmit_limit", "capacity", "overloaded", "no_instance",
-                    "defer_expired"},
+                    "rma_failed", "retransmit_limit", "capacity", "overloaded", "defer_expired"},
                 v);
 }
 std::string_view name(DropReason v) {
   return lookup(std::array<std::string_view, kDropReasonCount>{"unknown", "ended", "duplicate",
-                                                               "stale_epoch", "wrong_peer"},
+                                                               "stale_epoch", "wrong_peer",
+                                                               "unexpected"},
                 v);
 }
 std::string_view name(Mutation v) {
@@ -92,11 +92,16 @@ std::string join(const std::vector<BlockId>& blocks) {
 }
 }  // namespace
 
+std::string transfer_name(TransferId id) {
+  return "t" + std::to_string(id >> kTransferEpochShift) + "." +
+         std::to_string(id & ((TransferId{1} << kTransferEpochShift) - 1));
+}
+
 std::string describe(const Message& m) {
   std::string s = std::string(name(m.kind)) + " n" + std::to_string(m.from) + "e" +
                   std::to_string(m.from_epoch) + "->n" + std::to_string(m.to) + "e" +
                   std::to_string(m.to_epoch);
-  if (m.kind != MessageKind::kHeartbeat) s += " t" + std::to_string(m.transfer);
+  if (m.kind != MessageKind::kHeartbeat) s += " " + transfer_name(m.transfer);
   switch (m.kind) {
     case MessageKind::kStartPrefill:
     case MessageKind::kStartDecode:
@@ -124,7 +129,7 @@ std::string describe(const Message& m) {
 }
 
 std::string describe(const Effect& e) {
-  std::string s = std::string(name(e.kind)) + " t" + std::to_string(e.transfer);
+  std::string s = std::string(name(e.kind)) + " " + transfer_name(e.transfer);
   if (!e.local_blocks.empty()) s += " local=" + join(e.local_blocks);
   if (!e.remote_blocks.empty()) s += " remote=" + join(e.remote_blocks);
   if (e.local_slot != kNoSlot) s += " slot=" + std::to_string(e.local_slot);

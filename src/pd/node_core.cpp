@@ -39,7 +39,7 @@ bool Outbox::has(MessageKind kind) const {
 }
 
 int Outbox::service(TimeMs now_ms, TimeMs interval_ms, int32_t max_sends, Outputs* out,
-                    int64_t* retransmits) {
+                    int64_t* retransmits, NodeId node, bool* to_node_exhausted) {
   int exhausted = 0;
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (it->next_send_ms > now_ms) {
@@ -48,6 +48,7 @@ int Outbox::service(TimeMs now_ms, TimeMs interval_ms, int32_t max_sends, Output
     }
     if (it->sends >= max_sends) {
       ++exhausted;
+      if (to_node_exhausted != nullptr && it->message.to == node) *to_node_exhausted = true;
       it = pending_.erase(it);
       continue;
     }
@@ -128,13 +129,25 @@ void NodeCore::answer_ended(TransferBase& t, const Message& message, TimeMs now_
   drop(DropReason::kEnded);
   bool data = message.kind == MessageKind::kRemoteBlocks || message.kind == MessageKind::kKvAddresses;
   if (!data) send_ack(message, out);
-  if (!t.release_sent) {
+  if (!t.release_sent && !t.peer_released) {
     send_release(t, now_ms, out);
     schedule(t.id, t.outbox.next_due_ms());
   } else if (data) {
     Message release = make(MessageKind::kRelease, t.peer, t.peer_epoch, t.id);
     release.reason = t.end_reason;
     out->messages.push_back(std::move(release));
+  }
+}
+
+EndReason NodeCore::released_reason(EndReason peer_reason) {
+  switch (peer_reason) {
+    case EndReason::kCompleted:
+    case EndReason::kRouterAbort:
+    case EndReason::kClientAbort:
+    case EndReason::kPeerReleased:
+      return EndReason::kPeerReleased;
+    default:
+      return peer_reason;
   }
 }
 
@@ -146,7 +159,7 @@ void NodeCore::start_tombstone(TransferBase& t, TransferId id, NodeId peer, Epoc
   t.ending = true;
   t.end_reason = reason;
   t.ended_ms = now_ms;
-  ++stats_.unknown_abort_tombstones;
+  ++stats_.early_end_tombstones;
   if (forgot_us(t)) {
     t.peer_dead = true;
     return;
@@ -241,13 +254,14 @@ void NodeCore::on_timer(TimeMs now_ms, Outputs* out) {
 
 bool NodeCore::service_outbox(TransferBase& t, TimeMs now_ms, Outputs* out,
                               const std::function<void(EndReason)>& end) {
+  bool peer_silent = false;
   int exhausted = t.outbox.service(now_ms, config_.retransmit_interval_ms, config_.max_retransmits,
-                                   out, &stats_.retransmits);
+                                   out, &stats_.retransmits, t.peer, &peer_silent);
   stats_.retransmit_exhausted += exhausted;
   bool was_ending = t.ending;
   if (exhausted > 0 && !t.ending) end(EndReason::kRetransmitLimit);
   if (!t.ending && now_ms >= t.deadline_ms) end(EndReason::kDeadline);
-  return exhausted > 0 && was_ending;
+  return peer_silent && was_ending;
 }
 
 void NodeCore::finish(TimeMs now_ms, Outputs* out) {

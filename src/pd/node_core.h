@@ -34,9 +34,10 @@ class Outbox {
   void drop_kind(MessageKind kind);
   void clear() { pending_.clear(); }
   // Resends what is due. Returns the number of messages that reached
-  // `max_sends` (they are dropped from the outbox).
+  // `max_sends` (they are dropped from the outbox); *to_node_exhausted tells
+  // whether one of them was addressed to `node`.
   int service(TimeMs now_ms, TimeMs interval_ms, int32_t max_sends, Outputs* out,
-              int64_t* retransmits);
+              int64_t* retransmits, NodeId node = 0, bool* to_node_exhausted = nullptr);
   TimeMs next_due_ms() const;
   bool empty() const { return pending_.empty(); }
   bool has(MessageKind kind) const;
@@ -131,7 +132,7 @@ struct NodeStats {
   int64_t zero_block_transfers = 0;
   int64_t sibling_fanouts = 0;          // n > 1 transfers forked on the decode
   int64_t quarantines = 0;              // end waited for a peer or an RMA
-  int64_t unknown_abort_tombstones = 0;
+  int64_t early_end_tombstones = 0;     // an Abort or Release came before the Start
 };
 
 class NodeCore {
@@ -193,6 +194,9 @@ class NodeCore {
   // and the peer hears that we hold nothing of it.
   void start_tombstone(TransferBase& t, TransferId id, NodeId peer, Epoch peer_epoch,
                        EndReason reason, TimeMs now_ms, Outputs* out);
+  // Why a transfer ends when the peer's Release ends it: the peer's failure
+  // reason if it failed (its own report may be lost with it), else kPeerReleased.
+  static EndReason released_reason(EndReason peer_reason);
   // The peer restarted (a newer epoch is known) or was never named: nothing we
   // send can reach the incarnation that knew the transfer. A peer whose lease
   // merely expired may be alive behind a partition, so it still gets our Release.
@@ -207,7 +211,9 @@ class NodeCore {
   void report_outcome(TransferBase& t, TimeMs now_ms, Outputs* out);
   void declare_deaths(std::vector<PeerDeath>& deaths, TimeMs now_ms, Outputs* out);
   // Common services of a transfer record: retransmit, and end at the deadline
-  // or when a message exhausted its retransmits. Returns true when one did.
+  // or when a message exhausted its retransmits. Returns true when the
+  // transfer was already ending (waiting on its peer) and a message to the
+  // peer went unanswered for max_retransmits.
   bool service_outbox(TransferBase& t, TimeMs now_ms, Outputs* out,
                       const std::function<void(EndReason)>& end);
 
@@ -239,7 +245,7 @@ Transfer* NodeCore::accept(std::map<TransferId, Transfer>& transfers, const Mess
       bool abort = m.kind == MessageKind::kAbort;
       Transfer& t = transfers[m.transfer];
       start_tombstone(t, m.transfer, abort ? m.peer : m.from, abort ? m.peer_epoch : m.from_epoch,
-                      abort ? EndReason::kRouterAbort : EndReason::kPeerReleased, now_ms, out);
+                      abort ? EndReason::kRouterAbort : released_reason(m.reason), now_ms, out);
       t.peer_released = !abort;
       became_tombstone(t);
       send_ack(m, out);

@@ -9,7 +9,9 @@ bool PeerLeases::heard(NodeId node, Epoch epoch, Role role, int32_t capacity_blo
   auto [it, inserted] = peers_.try_emplace(node);
   Peer& peer = it->second;
   if (!inserted && epoch < peer.epoch) return false;
-  if (!inserted && epoch > peer.epoch && peer.alive) deaths->push_back({node, peer.epoch});
+  // A newer epoch retires the old one, even one already declared dead by its
+  // lease: the retirement lets holders forget what they owed it.
+  if (!inserted && epoch > peer.epoch) deaths->push_back({node, peer.epoch});
   if (!inserted && epoch == peer.epoch && !peer.alive) ++resurrections_;
   peer.epoch = epoch;
   peer.last_heard_ms = now_ms;
@@ -30,7 +32,7 @@ bool PeerLeases::expect(NodeId node, Epoch epoch, TimeMs now_ms, std::vector<Pee
   }
   if (epoch < peer.epoch) return false;
   if (epoch > peer.epoch) {
-    if (peer.alive) deaths->push_back({node, peer.epoch});
+    deaths->push_back({node, peer.epoch});
     peer.epoch = epoch;
     peer.last_heard_ms = now_ms;
     peer.alive = true;

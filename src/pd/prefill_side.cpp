@@ -43,7 +43,7 @@ void PrefillSide::handle(const Message& m, TimeMs now_ms, Outputs* out) {
     case MessageKind::kRelease:
       return on_release(*t, m, now_ms, out);
     default:
-      return drop(DropReason::kUnknown);
+      return drop(DropReason::kUnexpected);
   }
 }
 
@@ -141,7 +141,7 @@ void PrefillSide::on_prefill_failed(TransferId transfer, TimeMs now_ms, Outputs*
 
 void PrefillSide::on_remote_blocks(PrefillTransfer& t, const Message& m, TimeMs now_ms,
                                    Outputs* out) {
-  if (t.mode != TransferMode::kWrite) return drop(DropReason::kUnknown);
+  if (t.mode != TransferMode::kWrite) return drop(DropReason::kUnexpected);
   send_ack(m, out);
   if (t.ending) return drop(DropReason::kEnded);
   if (t.addresses_known) return drop(DropReason::kDuplicate);
@@ -247,8 +247,10 @@ void PrefillSide::end_transfer(PrefillTransfer& t, EndReason reason, TimeMs now_
     cancel.transfer = t.id;
     out->effects.push_back(std::move(cancel));
   }
-  // The prefill reports only its own failures (the decode reports the rest).
-  if (reason != EndReason::kCompleted && reason != EndReason::kPeerReleased)
+  // The prefill reports only its own failures (the decode reports the rest),
+  // and nothing once the KV has left (WriteDone sent): the decode has it.
+  if (reason != EndReason::kCompleted && reason != EndReason::kPeerReleased &&
+      t.state != PrefillState::kAwaitingWriteDoneAck)
     report_outcome(t, now_ms, out);
   try_finish_end(t, now_ms, out);
 }
@@ -272,9 +274,10 @@ void PrefillSide::try_finish_end(PrefillTransfer& t, TimeMs now_ms, Outputs* out
   // An unacknowledged WriteDone stays: it is the decode's release (it may be
   // quarantined waiting for it).
   t.outbox.drop_kind(MessageKind::kKvAddresses);
-  // The decode's blocks are exposed to us once it sent its addresses: it waits
-  // for our Release even when it released first.
-  bool peer_exposed_to_us = t.mode == TransferMode::kWrite && t.addresses_known;
+  // In WRITE the decode exposes its blocks before it sends their addresses
+  // (which we may never have received): it waits for our Release even when
+  // it released first. WriteDone, when sent, was that Release.
+  bool peer_exposed_to_us = t.mode == TransferMode::kWrite;
   if (!t.release_sent && !forgot_us(t) && (!t.peer_released || peer_exposed_to_us))
     send_release(t, now_ms, out);
   if (forgot_us(t)) t.outbox.drop_to(t.peer, t.peer_epoch);
@@ -318,11 +321,12 @@ void PrefillSide::service(TransferId transfer, TimeMs now_ms, Outputs* out) {
 
 void PrefillSide::on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) {
   for (auto& [id, t] : transfers_) {
-    if (t.peer != death.node || t.peer_epoch != death.epoch || t.peer_dead) continue;
-    t.peer_dead = true;
+    if (t.peer != death.node || t.peer_epoch != death.epoch) continue;
     // A lease can expire on a live peer cut off for a while: keep telling it
     // (it may still wait for us), unless it restarted and forgot everything.
-    if (leases_.is_superseded(death.node, death.epoch)) t.outbox.drop_to(death.node, death.epoch);
+    if (forgot_us(t)) t.outbox.drop_to(death.node, death.epoch);
+    if (t.peer_dead) continue;
+    t.peer_dead = true;
     if (!t.ending) {
       end_transfer(t, EndReason::kPeerDead, now_ms, out);
     } else {

@@ -7,7 +7,8 @@
 namespace tandem::pd {
 
 RouterCore::RouterCore(NodeId id, Epoch epoch, const ProtocolConfig& config)
-    : NodeCore(id, epoch, Role::kRouter, 0, config) {}
+    : NodeCore(id, epoch, Role::kRouter, 0, config),
+      next_transfer_((static_cast<TransferId>(epoch) << kTransferEpochShift) + 1) {}
 
 const RouterRequest* RouterCore::find(TransferId transfer) const {
   auto it = requests_.find(transfer);
@@ -124,7 +125,7 @@ void RouterCore::dispatch(TimeMs now_ms, Outputs* out) {
 }
 
 void RouterCore::handle(const Message& m, TimeMs now_ms, Outputs* out) {
-  if (m.kind != MessageKind::kOutcome) return drop(DropReason::kUnknown);
+  if (m.kind != MessageKind::kOutcome) return drop(DropReason::kUnexpected);
   send_ack(m, out);  // the instance needs the ack whatever we make of it
   auto it = requests_.find(m.transfer);
   if (it == requests_.end()) return drop(DropReason::kUnknown);
@@ -133,6 +134,9 @@ void RouterCore::handle(const Message& m, TimeMs now_ms, Outputs* out) {
   bool from_decode = m.from == r.decode && m.from_epoch == r.decode_epoch;
   if (!from_prefill && !from_decode) return drop(DropReason::kWrongPeer);
   if (r.state != RouterState::kDispatched) return drop(DropReason::kEnded);
+  // The prefill lost its lease on the decode: whether the decode lives is for
+  // our own lease to judge (it may be decoding, with the KV, behind a partition).
+  if (from_prefill && m.reason == EndReason::kPeerDead) return;
   if (m.reason == EndReason::kCompleted && from_decode) {
     complete(r, now_ms, out);
   } else {

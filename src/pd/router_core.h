@@ -71,7 +71,7 @@ class RouterCore : public NodeCore {
                    Outputs* out);
   void schedule_next(RouterRequest& r);
 
-  TransferId next_transfer_ = 1;
+  TransferId next_transfer_;  // carries the router's epoch: ids never repeat across restarts
   std::map<TransferId, RouterRequest> requests_;
   std::deque<TransferId> queue_;
   std::map<NodeId, int64_t> reserved_;

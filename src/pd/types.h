@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace tandem::pd {
@@ -62,14 +63,18 @@ enum class EndReason : uint8_t {
   kRetransmitLimit,   // a message was never acknowledged by a live peer
   kCapacity,          // the request can never fit the instances' pools
   kOverloaded,        // the router's queue is full
-  kNoInstance,        // no live prefill or decode instance
   kDeferExpired,      // mutation 1 only: the fixed deferred-write expiry
 };
-constexpr int kEndReasonCount = 15;
+constexpr int kEndReasonCount = 14;
 
 // Messages dropped without effect, by reason.
-enum class DropReason : uint8_t { kUnknown, kEnded, kDuplicate, kStaleEpoch, kWrongPeer };
-constexpr int kDropReasonCount = 5;
+// kUnexpected: a kind (or a kind for the other transfer mode) this side never receives.
+enum class DropReason : uint8_t { kUnknown, kEnded, kDuplicate, kStaleEpoch, kWrongPeer, kUnexpected };
+constexpr int kDropReasonCount = 6;
+
+// "t<router epoch>.<n>": transfer ids carry the minting router's epoch.
+std::string transfer_name(TransferId id);
+constexpr int kTransferEpochShift = 40;
 
 std::string_view name(TransferMode mode);
 std::string_view name(Role role);

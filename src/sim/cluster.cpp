@@ -121,6 +121,7 @@ struct ClientRequest {
   bool client_aborted = false;
   bool injected_failure = false;  // an engine or RMA failure was injected on it
   bool slow_admission = false;
+  TimeMs kv_arrived_ms = kNever;  // the decode started its siblings
   TimeMs end_ms = kNever;
   NodeId prefill = 0;
   NodeId decode = 0;
@@ -380,9 +381,10 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
     case EffectKind::kStartSiblings: {
       auto it = request_of_.find(e.transfer);
       TANDEM_ASSERT(it != request_of_.end());
-      const ClientRequest& r = requests_[it->second];
+      ClientRequest& r = requests_[it->second];
+      r.kv_arrived_ms = now_;
       if (static_cast<int32_t>(e.siblings.size()) != r.work.spec.n_siblings)
-        violation("t" + std::to_string(e.transfer) + " forked " + std::to_string(e.siblings.size()) +
+        violation(pd::transfer_name(e.transfer) + " forked " + std::to_string(e.siblings.size()) +
                   " of its " + std::to_string(r.work.spec.n_siblings) + " siblings");
       if (e.siblings.size() > 1) count("path.sibling_fanout");
       // The KV of the first N-1 tokens, and the state after them, must be this
@@ -390,7 +392,7 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
       int32_t moved = moved_blocks(e.prompt_tokens, s_.protocol.block_size_tokens);
       for (int32_t i = 0; i < moved; ++i) {
         if (node.blocks.tag(e.local_blocks[i]) != block_tag(e.transfer, i)) {
-          violation("t" + std::to_string(e.transfer) + " decodes from block " + std::to_string(i) +
+          violation(pd::transfer_name(e.transfer) + " decodes from block " + std::to_string(i) +
                     " that does not hold its KV");
           break;
         }
@@ -398,9 +400,9 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
       if (e.local_slot != kNoSlot) {
         uint64_t tag = node.slots.tag(e.local_slot);
         if (tag == state_tag(e.transfer, e.prompt_tokens))
-          violation("t" + std::to_string(e.transfer) + ": recurrent state advanced twice");
+          violation(pd::transfer_name(e.transfer) + ": recurrent state advanced twice");
         else if (tag != state_tag(e.transfer, e.prompt_tokens - 1))
-          violation("t" + std::to_string(e.transfer) + ": recurrent state is not the state after N-1 tokens");
+          violation(pd::transfer_name(e.transfer) + ": recurrent state is not the state after N-1 tokens");
         node.slots.set_tag(e.local_slot, state_tag(e.transfer, e.prompt_tokens));
       }
       for (SiblingId sibling : e.siblings) {
@@ -415,9 +417,16 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
       }
       break;
     }
-    case EffectKind::kStopSiblings:
+    case EffectKind::kStopSiblings: {
+      // Stopping siblings is for failures and aborts: a transfer that
+      // "completed" with siblings still running completed too early.
+      const DecodeTransfer* d = node.decode->find(e.transfer);
+      if (d != nullptr && d->end_reason == EndReason::kCompleted)
+        violation(pd::transfer_name(e.transfer) + " completed with " +
+                  std::to_string(e.siblings.size()) + " siblings still running");
       for (SiblingId sibling : e.siblings) node.de.running.erase(sibling);
       break;
+    }
   }
 }
 
@@ -480,12 +489,12 @@ void Cluster::on_request_end(const RequestEnd& end) {
   ClientRequest& r = requests_[it->second];
   ++r.terminal_count;
   if (r.terminal_count > 1) {
-    violation("t" + std::to_string(end.transfer) + " reached a second terminal state");
+    violation(pd::transfer_name(end.transfer) + " reached a second terminal state");
     return;
   }
   ++terminal_;
   if (record_trace_)
-    result_.trace.push_back("    request t" + std::to_string(end.transfer) + " " +
+    result_.trace.push_back("    request " + pd::transfer_name(end.transfer) + " " +
                             std::string(name(end.state)) + " (" + std::string(name(end.reason)) + ")");
   r.state = end.state;
   r.reason = end.reason;
@@ -499,41 +508,50 @@ void Cluster::on_request_end(const RequestEnd& end) {
   } else {
     ++result_.requests_failed;
     if (!excused(r))
-      violation("t" + std::to_string(end.transfer) + " failed (" + std::string(name(end.reason)) +
+      violation(pd::transfer_name(end.transfer) + " failed (" + std::string(name(end.reason)) +
                 ") with no fault to explain it" + (r.slow_admission ? " (slow admission)" : ""));
   }
 }
 
 // A failure is legitimate only when something happened to the request: the
 // client left, an engine or RMA failure was injected on it, or one of its
-// nodes crashed or was cut off while it lived. Deadlines and exhausted
-// retransmits are never legitimate here: the simulated deadline is far beyond
-// any real service time, so reaching it means the protocol hung.
+// nodes crashed or was cut off while that could still hurt it. Once the
+// decode holds the KV only the decode matters (its crash, or its being cut off
+// from the router). Deadlines, exhausted retransmits and capacity refusals are
+// never legitimate here: the simulated deadline is far beyond any real service
+// time, and the generated workload always fits the pools.
 bool Cluster::excused(const ClientRequest& r) const {
   switch (r.reason) {
     case EndReason::kDeadline:
     case EndReason::kRetransmitLimit:
+    case EndReason::kCapacity:
+    case EndReason::kOverloaded:
       return false;
     case EndReason::kClientAbort:
       return r.client_aborted;
-    case EndReason::kCapacity:
-    case EndReason::kOverloaded:
-      return true;
     default:
       break;
   }
   if (r.injected_failure) return true;
   const TimeMs settle_ms = s_.protocol.lease_ms + 2 * s_.protocol.retransmit_interval_ms;
-  auto involved = [&](NodeId n) { return n == kRouterNode || n == r.prefill || n == r.decode; };
+  // Faults that hurt the request up to time `until` (its end, or the KV's
+  // arrival for faults that only the prefill side could cause).
+  const TimeMs kv_ms = std::min(r.kv_arrived_ms, r.end_ms);
+  auto overlaps = [&](TimeMs from, TimeMs to, TimeMs until) {
+    return r.work.arrival_ms <= to && until >= from;
+  };
   for (const Crash& c : s_.crashes) {
-    TimeMs from = c.at_ms, to = c.at_ms + c.restart_after_ms + settle_ms;
-    if ((c.node == r.prefill || c.node == r.decode || r.prefill == 0) && r.work.arrival_ms <= to &&
-        r.end_ms >= from)
-      return true;
+    TimeMs to = c.at_ms + c.restart_after_ms + settle_ms;
+    if (c.node == r.decode && overlaps(c.at_ms, to, r.end_ms)) return true;
+    if (c.node == r.prefill && overlaps(c.at_ms, to, kv_ms)) return true;
   }
   for (const Partition& p : s_.partitions) {
-    if (involved(p.a) && involved(p.b) && r.work.arrival_ms <= p.end_ms + settle_ms &&
-        r.end_ms >= p.start_ms)
+    TimeMs to = p.end_ms + settle_ms;
+    auto is = [&](NodeId a, NodeId b) {
+      return (p.a == a && p.b == b) || (p.a == b && p.b == a);
+    };
+    if (is(kRouterNode, r.decode) && overlaps(p.start_ms, to, r.end_ms)) return true;
+    if ((is(kRouterNode, r.prefill) || is(r.prefill, r.decode)) && overlaps(p.start_ms, to, kv_ms))
       return true;
   }
   return false;
@@ -601,14 +619,14 @@ std::string Cluster::describe_transfer(TransferId t) const {
 void Cluster::final_checks() {
   for (const ClientRequest& r : requests_) {
     if (r.terminal_count == 0)
-      violation("t" + std::to_string(r.transfer) + " never reached a terminal state (" +
+      violation(pd::transfer_name(r.transfer) + " never reached a terminal state (" +
                 describe_transfer(r.transfer) + " )" + (r.slow_admission ? " (slow admission)" : ""));
   }
   for (const auto& [id, node] : nodes_) {
     if (!node.up || node.role == Role::kRouter) continue;
     std::string held;
     auto note = [&](TransferId t, std::string_view state, size_t blocks) {
-      if (blocks > 0 || state != "Ended") held += " t" + std::to_string(t) + ":" + std::string(state) +
+      if (blocks > 0 || state != "Ended") held += " " + pd::transfer_name(t) + ":" + std::string(state) +
                                                  "/" + std::to_string(blocks);
     };
     if (node.role == Role::kPrefill) {
@@ -667,7 +685,7 @@ void Cluster::collect_stats(const SimNode& node) {
   count("path.addresses_before_kv", st.addresses_before_kv);
   count("path.zero_block_transfer", st.zero_block_transfers);
   count("path.quarantine", st.quarantines);
-  count("path.abort_before_start", st.unknown_abort_tombstones);
+  count("path.end_before_start", st.early_end_tombstones);
   count("path.retransmit", st.retransmits);
   count("path.peer_death", st.peer_deaths);
 }
@@ -783,7 +801,7 @@ void Cluster::on_rma_done(uint64_t op_id) {
   // A crashed initiator's operation dies with it (nothing lands, nobody hears).
   if (!initiator.up || initiator.epoch != op.initiator_epoch) return;
   RmaResult result = RmaResult::kOk;
-  std::string t = "t" + std::to_string(op.transfer);
+  std::string t = pd::transfer_name(op.transfer);
   if (op.post_failed) {
     result = RmaResult::kPostFailed;
   } else if (op.fails || !target.up || target.epoch != op.target_epoch) {

@@ -25,16 +25,16 @@ std::string SimPool::free(const std::vector<BlockId>& blocks, TransferId owner) 
     if (!valid(b)) return "free of block " + std::to_string(b) + " outside the pool";
     Block& block = blocks_[b];
     if (block.owner == 0) {
-      problem = "double free of block " + std::to_string(b) + " by t" + std::to_string(owner);
+      problem = "double free of block " + std::to_string(b) + " by " + pd::transfer_name(owner);
       continue;
     }
     if (block.owner != owner) {
-      problem = "t" + std::to_string(owner) + " freed block " + std::to_string(b) +
-                " owned by t" + std::to_string(block.owner);
+      problem = pd::transfer_name(owner) + " freed block " + std::to_string(b) +
+                " owned by " + pd::transfer_name(block.owner);
       continue;
     }
     if (block.exposed_transfer != 0)
-      problem = "block " + std::to_string(b) + " of t" + std::to_string(owner) +
+      problem = "block " + std::to_string(b) + " of " + pd::transfer_name(owner) +
                 " freed while still exposed to n" + std::to_string(block.exposed_peer);
     block.owner = 0;
     free_.push_back(b);
