@@ -125,6 +125,18 @@ TEST(Cli, GenerateIsDeterministicAndBenchPrintsJson) {
   for (const char* key : {"\"pp16_tps\"", "\"tg4_tps\"", "\"batched_decode_tps\"", "\"memory_bandwidth_gbps\"",
                           "\"roofline_ratio\""})
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
+  // The per-op breakdown: every op of both phases, the matmuls with their rates.
+  const std::string profiled =
+      run(bin + " bench model -m " + path + " -r 1 -p 16 -n 4 --batches 2 --json --profile", &status);
+  ASSERT_EQ(status, 0);
+  for (const char* key : {"\"profile_pp\"", "\"profile_tg\"", "\"qkv_matmul_ms\"", "\"attention_ms\"",
+                          "\"down_matmul_ms\"", "\"lm_head_ms\""})
+    EXPECT_NE(profiled.find(key), std::string::npos) << key << " in " << profiled;
+  const std::string table = run(bin + " bench model -m " + path + " -r 1 -p 16 -n 4 --batches 2 --profile", &status);
+  ASSERT_EQ(status, 0);
+  EXPECT_NE(table.find("profile pp16 (1 forwards)"), std::string::npos) << table;
+  EXPECT_NE(table.find("profile tg4 (4 forwards)"), std::string::npos) << table;
+  EXPECT_NE(table.find("gate_up_matmul"), std::string::npos) << table;
   run(bin + " generate -m /nonexistent.gguf -n 2", &status);
   EXPECT_NE(status, 0);
   std::filesystem::remove(path);

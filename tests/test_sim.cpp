@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdio>
+#include <ostream>
 #include <string>
 
 #include "sim/run_seeds.h"
@@ -93,6 +94,8 @@ struct MutationCase {
   pd::Mutation mutation;
   int64_t bound;
 };
+
+void PrintTo(const MutationCase& c, std::ostream* os) { *os << pd::name(c.mutation); }
 
 class SimMutation : public testing::TestWithParam<MutationCase> {};
 

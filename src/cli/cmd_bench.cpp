@@ -31,6 +31,7 @@ struct BenchArgs {
   int batched_prompt = 16;
   std::string kv_dtype = "f16";
   bool json = false;
+  bool profile = false;
 };
 
 double median(std::vector<double> v) {
@@ -54,7 +55,36 @@ std::vector<int32_t> bench_tokens(int64_t n, int64_t n_vocab, uint64_t salt) {
 struct BenchResult {
   double pp_tps = 0, tg_tps = 0, bandwidth_bps = 0;
   std::vector<std::pair<int, double>> batched_tps;
+  OpProfile pp_profile, tg_profile;
 };
+
+// Per-op breakdown of one phase: time per forward, share, and for the matmul
+// ops the arithmetic rate and the weight bytes read per second.
+void print_profile(const char* phase, const OpProfile& p) {
+  if (p.forwards == 0) return;
+  const double total_ns = static_cast<double>(p.total_ns());
+  std::printf("profile %s (%lld forwards):\n", phase, static_cast<long long>(p.forwards));
+  std::printf("  %-16s %12s %7s %10s %12s\n", "op", "ms/forward", "share", "GFLOP/s", "weights GB/s");
+  for (int i = 0; i < kOpCount; ++i) {
+    const double ns = static_cast<double>(p.ns[i]);
+    if (ns == 0) continue;
+    std::printf("  %-16s %12.3f %6.1f%%", std::string(name(static_cast<Op>(i))).c_str(),
+                ns / 1e6 / static_cast<double>(p.forwards), 100.0 * ns / total_ns);
+    if (p.flops[i] > 0) {
+      std::printf(" %10.1f %12.2f\n", p.flops[i] / ns, p.weight_bytes[i] / ns);
+    } else {
+      std::printf(" %10s %12s\n", "-", "-");
+    }
+  }
+}
+
+void print_profile_json(const char* key, const OpProfile& p) {
+  std::printf(", \"%s\": {", key);
+  for (int i = 0; i < kOpCount; ++i)
+    std::printf("%s\"%s_ms\": %.4f", i ? ", " : "", std::string(name(static_cast<Op>(i))).c_str(),
+                p.forwards ? static_cast<double>(p.ns[i]) / 1e6 / static_cast<double>(p.forwards) : 0.0);
+  std::printf("}");
+}
 
 void run_bench_model(const BenchArgs& a) {
   LoadedModel lm = load_model(a.model_path, a.json);
@@ -79,6 +109,7 @@ void run_bench_model(const BenchArgs& a) {
   progress("prompt processing");
   std::vector<double> runs;
   const std::vector<int32_t> prompt = bench_tokens(a.n_prompt, c.n_vocab, 1);
+  if (a.profile) model.set_profile(&r.pp_profile);
   for (int rep = 0; rep < a.repeats; ++rep) {
     Batch b;
     b.add_sequence(prompt, 0, tables[0], true);
@@ -92,6 +123,7 @@ void run_bench_model(const BenchArgs& a) {
   runs.clear();
   const std::vector<int32_t> gen = bench_tokens(a.n_gen, c.n_vocab, 2);
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+  if (a.profile) model.set_profile(&r.tg_profile);
   for (int rep = 0; rep < a.repeats; ++rep) {
     Stopwatch sw;
     for (int i = 0; i < a.n_gen; ++i) {
@@ -102,6 +134,7 @@ void run_bench_model(const BenchArgs& a) {
     runs.push_back(a.n_gen / sw.elapsed_s());
   }
   r.tg_tps = median(runs);
+  model.set_profile(nullptr);
 
   for (int n_seq : a.batches) {
     progress(("batched decode x" + std::to_string(n_seq)).c_str());
@@ -142,8 +175,13 @@ void run_bench_model(const BenchArgs& a) {
     for (size_t i = 0; i < r.batched_tps.size(); ++i)
       std::printf("%s\"%d\": %.2f", i ? ", " : "", r.batched_tps[i].first, r.batched_tps[i].second);
     std::printf("}, \"weight_bytes_per_token\": %.0f, \"memory_bandwidth_gbps\": %.2f, \"roofline_tg_tps\": %.2f, "
-                "\"roofline_ratio\": %.3f}\n",
+                "\"roofline_ratio\": %.3f",
                 bytes_per_token, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps / roofline_tps);
+    if (a.profile) {
+      print_profile_json("profile_pp", r.pp_profile);
+      print_profile_json("profile_tg", r.tg_profile);
+    }
+    std::printf("}\n");
     return;
   }
   std::printf("model: %s (%s, %s, %lld layers, hidden %lld), %d threads, isa %s\n", a.model_path.c_str(),
@@ -157,6 +195,10 @@ void run_bench_model(const BenchArgs& a) {
   std::printf("roofline: %.1f MB of weights per decode step / %.2f GB/s measured read bandwidth = %.1f tokens/s "
               "possible; achieved %.1f = %.0f%%\n",
               bytes_per_token / 1e6, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps, 100.0 * r.tg_tps / roofline_tps);
+  if (a.profile) {
+    print_profile(("pp" + std::to_string(a.n_prompt)).c_str(), r.pp_profile);
+    print_profile(("tg" + std::to_string(a.n_gen)).c_str(), r.tg_profile);
+  }
 }
 
 }  // namespace
@@ -174,6 +216,8 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--batches", a->batches, "Sequence counts for batched decode")->delimiter(',');
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache type")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd->add_flag("--json", a->json, "Print the figures as one JSON object");
+  cmd->add_flag("--profile", a->profile,
+                "Also print a per-op time breakdown of prompt processing and generation");
   cmd->callback([a] { run_bench_model(*a); });
 
   struct ServeArgs {

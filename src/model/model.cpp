@@ -1,6 +1,8 @@
 #include "model/model.h"
 
+#include <array>
 #include <cmath>
+#include <initializer_list>
 #include <cstring>
 
 #include "gguf/gguf.h"
@@ -209,9 +211,23 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
     }
   }
 
-  for (int64_t t = 0; t < n; ++t) {
-    const auto tok = static_cast<size_t>(batch.tokens[static_cast<size_t>(t)]);
-    kernels::dequantize_row(token_embd_.type, token_embd_.data + tok * token_embd_.row_bytes, ws_.x.data() + t * E, E);
+  OpProfile* prof = profile_;
+  if (prof != nullptr) ++prof->forwards;
+  // Counts a matmul group's work for the profile's GFLOP/s and GB/s columns.
+  auto account = [&](Op op, std::initializer_list<const kernels::WeightMatrix*> ws, int64_t tokens) {
+    if (prof == nullptr) return;
+    for (const kernels::WeightMatrix* w : ws) {
+      prof->flops[static_cast<int>(op)] += 2.0 * static_cast<double>(w->rows * w->cols * tokens);
+      prof->weight_bytes[static_cast<int>(op)] += static_cast<double>(w->row_bytes) * static_cast<double>(w->rows);
+    }
+  };
+
+  {
+    OpTimer timer(prof, Op::kEmbed);
+    for (int64_t t = 0; t < n; ++t) {
+      const auto tok = static_cast<size_t>(batch.tokens[static_cast<size_t>(t)]);
+      kernels::dequantize_row(token_embd_.type, token_embd_.data + tok * token_embd_.row_bytes, ws_.x.data() + t * E, E);
+    }
   }
 
   kernels::RopeParams rope;
@@ -219,63 +235,109 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   rope.neox = c.rope_neox;
   rope.freq_base = c.rope_freq_base;
   rope.freq_factors = rope_freq_factors_.empty() ? nullptr : rope_freq_factors_.data();
-  kernels::rope_angles(batch.positions.data(), n, rope, ws_.cos.data(), ws_.sin.data());
+  {
+    OpTimer timer(prof, Op::kRope);
+    kernels::rope_angles(batch.positions.data(), n, rope, ws_.cos.data(), ws_.sin.data());
+  }
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& w = layers_[static_cast<size_t>(l)];
-    kernels::rms_norm(ws_.x.data(), E, w.attn_norm, ws_.xn.data(), E, n, E, c.rms_eps);
-    const kernels::MatmulOutput qkv[] = {{&w.wq, ws_.q.data(), q_dim}, {&w.wk, ws_.k.data(), kv_dim},
-                                         {&w.wv, ws_.v.data(), kv_dim}};
-    kernels::matmul(qkv, ws_.xn.data(), E, n, pool);
-    if (w.bq != nullptr) {
-      for (int64_t t = 0; t < n; ++t) {
-        kernels::add_inplace(ws_.q.data() + t * q_dim, w.bq, q_dim);
-        kernels::add_inplace(ws_.k.data() + t * kv_dim, w.bk, kv_dim);
-        kernels::add_inplace(ws_.v.data() + t * kv_dim, w.bv, kv_dim);
+    {
+      OpTimer timer(prof, Op::kNorm);
+      kernels::rms_norm(ws_.x.data(), E, w.attn_norm, ws_.xn.data(), E, n, E, c.rms_eps);
+    }
+    {
+      OpTimer timer(prof, Op::kQkv);
+      const kernels::MatmulOutput qkv[] = {{&w.wq, ws_.q.data(), q_dim}, {&w.wk, ws_.k.data(), kv_dim},
+                                           {&w.wv, ws_.v.data(), kv_dim}};
+      kernels::matmul(qkv, ws_.xn.data(), E, n, pool);
+      account(Op::kQkv, {&w.wq, &w.wk, &w.wv}, n);
+      if (w.bq != nullptr) {
+        for (int64_t t = 0; t < n; ++t) {
+          kernels::add_inplace(ws_.q.data() + t * q_dim, w.bq, q_dim);
+          kernels::add_inplace(ws_.k.data() + t * kv_dim, w.bk, kv_dim);
+          kernels::add_inplace(ws_.v.data() + t * kv_dim, w.bv, kv_dim);
+        }
       }
     }
     if (w.q_norm != nullptr) {
+      OpTimer timer(prof, Op::kNorm);
       // Per-head RMSNorm: every head is a row of head_dim.
       kernels::rms_norm(ws_.q.data(), c.head_dim, w.q_norm, ws_.q.data(), c.head_dim, n * c.n_head, c.head_dim, c.rms_eps);
       kernels::rms_norm(ws_.k.data(), c.head_dim, w.k_norm, ws_.k.data(), c.head_dim, n * c.n_head_kv, c.head_dim,
                         c.rms_eps);
     }
-    kernels::rope_apply(ws_.q.data(), q_dim, n, static_cast<int>(c.n_head), static_cast<int>(c.head_dim), rope,
-                        ws_.cos.data(), ws_.sin.data());
-    kernels::rope_apply(ws_.k.data(), kv_dim, n, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), rope,
-                        ws_.cos.data(), ws_.sin.data());
+    {
+      OpTimer timer(prof, Op::kRope);
+      kernels::rope_apply(ws_.q.data(), q_dim, n, static_cast<int>(c.n_head), static_cast<int>(c.head_dim), rope,
+                          ws_.cos.data(), ws_.sin.data());
+      kernels::rope_apply(ws_.k.data(), kv_dim, n, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), rope,
+                          ws_.cos.data(), ws_.sin.data());
+    }
     // Write K and V first: attention then reads every position, including this
     // call's own, from the pool in the pool's dtype.
-    const DType kv_type = kv.shape().dtype;
-    for (int64_t t = 0; t < n; ++t) {
-      const auto [block, slot] = slot_of_row[static_cast<size_t>(t)];
-      kernels::convert_row(ws_.k.data() + t * kv_dim, kv_type, kv.k_row(block, static_cast<int>(l), slot), kv_dim);
-      kernels::convert_row(ws_.v.data() + t * kv_dim, kv_type, kv.v_row(block, static_cast<int>(l), slot), kv_dim);
+    {
+      OpTimer timer(prof, Op::kKvWrite);
+      const DType kv_type = kv.shape().dtype;
+      for (int64_t t = 0; t < n; ++t) {
+        const auto [block, slot] = slot_of_row[static_cast<size_t>(t)];
+        kernels::convert_row(ws_.k.data() + t * kv_dim, kv_type, kv.k_row(block, static_cast<int>(l), slot), kv_dim);
+        kernels::convert_row(ws_.v.data() + t * kv_dim, kv_type, kv.v_row(block, static_cast<int>(l), slot), kv_dim);
+      }
     }
-    kernels::paged_attention(ws_.q.data(), q_dim, n, ws_.queries.data(), kv.layer_view(static_cast<int>(l)),
-                             static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
-                             attn_scale, ws_.attn.data(), q_dim, pool);
-    kernels::matmul(w.wo, ws_.attn.data(), q_dim, n, ws_.proj.data(), E, pool);
-    kernels::add_inplace(ws_.x.data(), ws_.proj.data(), n * E);
-
-    kernels::rms_norm(ws_.x.data(), E, w.ffn_norm, ws_.xn.data(), E, n, E, c.rms_eps);
-    const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws_.gate.data(), F}, {&w.w_up, ws_.up.data(), F}};
-    kernels::matmul(gate_up, ws_.xn.data(), E, n, pool);
-    kernels::silu_mul(ws_.gate.data(), ws_.up.data(), n * F);
-    kernels::matmul(w.w_down, ws_.gate.data(), F, n, ws_.proj.data(), E, pool);
-    kernels::add_inplace(ws_.x.data(), ws_.proj.data(), n * E);
+    {
+      OpTimer timer(prof, Op::kAttention);
+      kernels::paged_attention(ws_.q.data(), q_dim, n, ws_.queries.data(), kv.layer_view(static_cast<int>(l)),
+                               static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                               attn_scale, ws_.attn.data(), q_dim, pool);
+    }
+    {
+      OpTimer timer(prof, Op::kOutProj);
+      kernels::matmul(w.wo, ws_.attn.data(), q_dim, n, ws_.proj.data(), E, pool);
+      account(Op::kOutProj, {&w.wo}, n);
+      kernels::add_inplace(ws_.x.data(), ws_.proj.data(), n * E);
+    }
+    {
+      OpTimer timer(prof, Op::kNorm);
+      kernels::rms_norm(ws_.x.data(), E, w.ffn_norm, ws_.xn.data(), E, n, E, c.rms_eps);
+    }
+    {
+      OpTimer timer(prof, Op::kGateUp);
+      const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws_.gate.data(), F}, {&w.w_up, ws_.up.data(), F}};
+      kernels::matmul(gate_up, ws_.xn.data(), E, n, pool);
+      account(Op::kGateUp, {&w.w_gate, &w.w_up}, n);
+    }
+    {
+      OpTimer timer(prof, Op::kSiluMul);
+      kernels::silu_mul(ws_.gate.data(), ws_.up.data(), n * F);
+    }
+    {
+      OpTimer timer(prof, Op::kDown);
+      kernels::matmul(w.w_down, ws_.gate.data(), F, n, ws_.proj.data(), E, pool);
+      account(Op::kDown, {&w.w_down}, n);
+      kernels::add_inplace(ws_.x.data(), ws_.proj.data(), n * E);
+    }
   }
 
   // Final norm and the vocabulary projection, only for the rows asked for.
   const auto n_out = static_cast<int64_t>(batch.logit_rows.size());
   if (n_out == 0) return;
+  OpTimer timer(prof, Op::kLmHead);
   ws_.logits_in.resize(size(n_out, E));
   for (int64_t i = 0; i < n_out; ++i) {
     const int64_t row = batch.logit_rows[static_cast<size_t>(i)];
     kernels::rms_norm(ws_.x.data() + row * E, E, output_norm_, ws_.logits_in.data() + i * E, E, 1, E, c.rms_eps);
   }
   kernels::matmul(output_, ws_.logits_in.data(), E, n_out, logits, c.n_vocab, pool);
+  account(Op::kLmHead, {&output_}, n_out);
+}
+
+std::string_view name(Op op) {
+  static constexpr std::array<std::string_view, kOpCount> names = {
+      "embed", "rms_norm", "qkv_matmul", "rope", "kv_write", "attention",
+      "out_proj", "gate_up_matmul", "silu_mul", "down_matmul", "lm_head"};
+  return names[static_cast<size_t>(op)];
 }
 
 }  // namespace tandem

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "model/op_profile.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kv/kv_pool.h"
@@ -71,6 +72,9 @@ class Model {
   void forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* logits);
   std::vector<float> forward(const Batch& batch, KvPool& kv, ThreadPool& pool);
 
+  // Accumulate per-op times of every forward into `profile` (null: off).
+  void set_profile(OpProfile* profile) { profile_ = profile; }
+
  private:
   Model() = default;
   void check_batch(const Batch& batch, const KvPool& kv) const;
@@ -82,6 +86,7 @@ class Model {
   const float* output_norm_ = nullptr;
   std::vector<float> rope_freq_factors_;
   std::vector<LayerWeights> layers_;
+  OpProfile* profile_ = nullptr;
 
   // Scratch reused across calls (the forward is driven by one thread).
   struct Workspace {
