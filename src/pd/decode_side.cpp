@@ -142,20 +142,8 @@ void DecodeSide::on_blocks_allocated(TransferId transfer, std::vector<BlockId> b
   t.allocated = true;
   if (t.mode == TransferMode::kWrite) {
     // Expose only what must move: blocks cached_blocks..n_moved and the slot.
-    Effect expose;
-    expose.kind = EffectKind::kExpose;
-    expose.transfer = t.id;
-    expose.peer = t.peer;
-    expose.peer_epoch = t.peer_epoch;
-    expose.local_blocks.assign(t.blocks.begin() + cached_blocks, t.blocks.begin() + n_moved);
-    expose.local_slot = t.slot;
-    Message remote = make(MessageKind::kRemoteBlocks, t.peer, t.peer_epoch, t.id);
-    remote.first_block = cached_blocks;
-    remote.blocks = expose.local_blocks;
-    remote.state_slot = t.slot;
-    out->effects.push_back(std::move(expose));
-    t.exposed = true;
-    t.outbox.put(std::move(remote), now_ms, config_.retransmit_interval_ms, out);
+    expose_and_send(t, MessageKind::kRemoteBlocks, cached_blocks,
+                    {t.blocks.begin() + cached_blocks, t.blocks.begin() + n_moved}, now_ms, out);
     set_state(t, DecodeState::kAwaitingWrite, now_ms);
   } else if (t.addresses_known) {
     post_read(t, now_ms, out);
@@ -190,12 +178,9 @@ void DecodeSide::on_kv_addresses(DecodeTransfer& t, const Message& m, TimeMs now
   if (t.mode != TransferMode::kRead) return drop(DropReason::kUnexpected);
   send_ack(m, out);
   if (t.addresses_known) return drop(DropReason::kDuplicate);
-  if (t.ending) {
-    // Ended before the addresses came; the prefill now holds blocks for us, so
-    // it must hear our Release (try_finish_end sends it).
-    t.addresses_known = true;
-    return try_finish_end(t, now_ms, out);
-  }
+  // A READ decode is ending-but-not-ended only while its read is in flight,
+  // and then it already has the addresses.
+  TANDEM_ASSERT(!t.ending, "addresses for an ending transfer that never had them");
   int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
   TANDEM_ASSERT(static_cast<int32_t>(m.blocks.size()) == n_moved,
                 "prefill's address list does not cover the moved range");

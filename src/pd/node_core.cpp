@@ -118,6 +118,24 @@ void NodeCore::revoke_access(TransferBase& t, Outputs* out) {
   t.exposed = false;
 }
 
+void NodeCore::expose_and_send(TransferBase& t, MessageKind kind, int32_t first_block,
+                               std::vector<BlockId> blocks, TimeMs now_ms, Outputs* out) {
+  Message addresses = make(kind, t.peer, t.peer_epoch, t.id);
+  addresses.first_block = first_block;
+  addresses.blocks = blocks;
+  addresses.state_slot = t.slot;
+  Effect expose;
+  expose.kind = EffectKind::kExpose;
+  expose.transfer = t.id;
+  expose.peer = t.peer;
+  expose.peer_epoch = t.peer_epoch;
+  expose.local_blocks = std::move(blocks);
+  expose.local_slot = t.slot;
+  out->effects.push_back(std::move(expose));
+  t.exposed = true;
+  t.outbox.put(std::move(addresses), now_ms, config_.retransmit_interval_ms, out);
+}
+
 void NodeCore::send_ack(const Message& received, Outputs* out) const {
   Message ack = make(MessageKind::kAck, received.from, received.from_epoch, received.transfer);
   ack.acked = received.kind;

@@ -172,6 +172,10 @@ class NodeCore {
   static void free_blocks(TransferId transfer, std::vector<BlockId> blocks, int32_t slot, Outputs* out);
   // Stops exposing the transfer's memory to its peer (no RMA can reach it after).
   static void revoke_access(TransferBase& t, Outputs* out);
+  // Exposes `blocks` (the moved blocks from `first_block` on) and t.slot to the
+  // peer's RMA, then sends their addresses (`kind`: RemoteBlocks or KvAddresses).
+  void expose_and_send(TransferBase& t, MessageKind kind, int32_t first_block,
+                       std::vector<BlockId> blocks, TimeMs now_ms, Outputs* out);
   // The checks every message about a transfer goes through on an instance.
   // Returns the live transfer the message is for, or null when it was fully
   // handled here: unknown (dropped; an Abort or Release leaves a tombstone),

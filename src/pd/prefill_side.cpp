@@ -112,20 +112,8 @@ void PrefillSide::on_prefill_computed(TransferId transfer, std::vector<BlockId> 
         t.defer_expiry_ms = now_ms + config_.mutation_defer_expiry_ms;
     }
   } else {
-    Effect expose;
-    expose.kind = EffectKind::kExpose;
-    expose.transfer = t.id;
-    expose.peer = t.peer;
-    expose.peer_epoch = t.peer_epoch;
-    expose.local_blocks = t.blocks;
-    expose.local_slot = t.slot;
-    out->effects.push_back(std::move(expose));
-    t.exposed = true;
     if (t.blocks.empty()) ++stats_.zero_block_transfers;
-    Message addresses = make(MessageKind::kKvAddresses, t.peer, t.peer_epoch, t.id);
-    addresses.blocks = t.blocks;
-    addresses.state_slot = t.slot;
-    t.outbox.put(std::move(addresses), now_ms, config_.retransmit_interval_ms, out);
+    expose_and_send(t, MessageKind::kKvAddresses, 0, t.blocks, now_ms, out);
     set_state(t, PrefillState::kExposed, now_ms);
   }
   schedule_next(t);

@@ -183,7 +183,6 @@ void Cluster::add_node(NodeId id, Role role) {
   SimNode& node = nodes_[id];
   node.id = id;
   node.role = role;
-  boot(node);
 }
 
 void Cluster::boot(SimNode& node) {
@@ -583,11 +582,11 @@ void Cluster::check_node(const SimNode& node) {
 }
 
 bool Cluster::settled() const {
-  if (terminal_ < static_cast<int64_t>(requests_.size()) || now_ < s_.faults_end_ms) return false;
+  if (terminal_ < static_cast<int64_t>(requests_.size()) || now_ < s_.faults_end_ms || !ops_.empty())
+    return false;
   for (const auto& [id, node] : nodes_) {
     if (!node.up) return false;
     if (node.blocks.allocated_count() != 0 || node.slots.allocated_count() != 0) return false;
-    if (!ops_.empty()) return false;
     if (node.role == Role::kPrefill &&
         node.prefill->count_by_state()[static_cast<int>(PrefillState::kEnded)] !=
             static_cast<int64_t>(node.prefill->transfers().size()))
@@ -857,7 +856,7 @@ RunResult Cluster::run() {
   NodeId next = kRouterNode + 1;
   for (int i = 0; i < s_.options.n_prefill; ++i) add_node(next++, Role::kPrefill);
   for (int i = 0; i < s_.options.n_decode; ++i) add_node(next++, Role::kDecode);
-  // Heartbeat targets need every node to exist: boot again now that all do.
+  // Boot once every node exists: heartbeat targets name them all.
   for (auto& [id, node] : nodes_) boot(node);
   for (auto& [id, node] : nodes_) {
     node.core->start(0, &scratch_);
