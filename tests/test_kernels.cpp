@@ -3,6 +3,7 @@
 // result is bitwise the same whatever else is computed with it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -37,6 +38,7 @@ struct Problem {
   std::vector<float> w_deq;  // the weights as the kernels see them
   std::vector<float> x;
   std::vector<BlockQ8_0Act> xq;
+  std::vector<uint16_t> xb;
 
   Problem(DType t, int64_t r, int64_t c, int64_t n, uint64_t seed) : type(t), rows(r), cols(c), tokens(n) {
     std::mt19937 rng(static_cast<uint32_t>(seed));
@@ -52,6 +54,10 @@ struct Problem {
     }
     x.resize(static_cast<size_t>(n * c));
     for (auto& v : x) v = u(rng);
+    if (t == DType::kBF16) {  // bf16 weights take activations rounded to bf16 (see GemmArgs)
+      xb.resize(x.size());
+      round_row_bf16(x.data(), xb.data(), x.data(), static_cast<int64_t>(x.size()));
+    }
     if (t == DType::kQ8_0) {
       xq.resize(static_cast<size_t>(n * c / 32));
       for (int64_t i = 0; i < n; ++i) quantize_row_q8_0(x.data() + i * c, xq.data() + i * (c / 32), c);
@@ -59,7 +65,8 @@ struct Problem {
   }
 
   GemmArgs args(float* y) const {
-    return GemmArgs{w.data(), dtype_row_bytes(type, cols), cols, x.data(), cols, xq.data(), cols / 32, tokens, y, rows};
+    return GemmArgs{w.data(), dtype_row_bytes(type, cols), cols, x.data(), cols, xq.data(), cols / 32, xb.data(), cols,
+                    tokens, y, rows};
   }
 
   std::vector<float> run(Isa isa) const {
@@ -150,6 +157,7 @@ TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
         Problem single = p;
         single.tokens = 1;
         single.x.assign(p.x.begin() + tok * p.cols, p.x.begin() + (tok + 1) * p.cols);
+        if (t == DType::kBF16) single.xb.assign(p.xb.begin() + tok * p.cols, p.xb.begin() + (tok + 1) * p.cols);
         if (t == DType::kQ8_0) single.xq.assign(p.xq.begin() + tok * p.cols / 32, p.xq.begin() + (tok + 1) * p.cols / 32);
         std::vector<float> y(static_cast<size_t>(p.rows), NAN);
         const GemmArgs a = single.args(y.data());
@@ -183,28 +191,21 @@ TEST(Kernels, MatmulGroupSameForOneAndTwoThreads) {
   for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(ya1[i], ref[i], 1e-4);
 }
 
-TEST(Kernels, DotAndAxpyMatchScalarForEveryKvType) {
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> u(-1, 1);
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (int64_t n : {1, 5, 8, 16, 33, 64, 128}) {
-      std::vector<float> a(static_cast<size_t>(n)), bf(static_cast<size_t>(n)), y0(static_cast<size_t>(n));
-      for (auto& v : a) v = u(rng);
-      for (auto& v : bf) v = u(rng);
-      for (auto& v : y0) v = u(rng);
-      std::vector<uint8_t> b(dtype_row_bytes(t, n));
-      convert_row(bf.data(), t, b.data(), n);
-      const auto pick_dot = [&](const IsaKernels& k) { return t == DType::kF32 ? k.dot_f32 : t == DType::kF16 ? k.dot_f16 : k.dot_bf16; };
-      const auto pick_axpy = [&](const IsaKernels& k) { return t == DType::kF32 ? k.axpy_f32 : t == DType::kF16 ? k.axpy_f16 : k.axpy_bf16; };
-      const float ref = pick_dot(kScalarKernels)(a.data(), b.data(), n);
-      std::vector<float> yref = y0;
-      pick_axpy(kScalarKernels)(0.75f, b.data(), yref.data(), n);
-      for (Isa isa : supported_isas()) {
-        EXPECT_NEAR(pick_dot(table(isa))(a.data(), b.data(), n), ref, 1e-5 * n) << isa_name(isa) << " n=" << n;
-        std::vector<float> y = y0;
-        pick_axpy(table(isa))(0.75f, b.data(), y.data(), n);
-        for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], yref[i], 1e-6) << isa_name(isa);
-      }
+// The vector exp inside SwiGLU stays within a few ulp of std::exp, including
+// where it saturates, on a length that leaves a tail in every vector width.
+TEST(Kernels, SiluMulMatchesFormulaInEveryVariant) {
+  std::vector<float> g0, u;
+  for (int i = 0; i < 45; ++i) {
+    g0.push_back(static_cast<float>(i - 22) * (i % 3 == 0 ? 5.3f : 0.37f));
+    u.push_back(0.5f + 0.01f * static_cast<float>(i));
+  }
+  for (Isa isa : supported_isas()) {
+    std::vector<float> g = g0;
+    table(isa).silu_mul(g.data(), u.data(), static_cast<int64_t>(g.size()));
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double x = g0[i];
+      const double want = x / (1.0 + std::exp(-x)) * u[i];
+      EXPECT_NEAR(g[i], want, 4e-7 * std::fabs(want) + 1e-30) << isa_name(isa) << " x=" << x;
     }
   }
 }
@@ -281,56 +282,130 @@ TEST(Kernels, Q8_0QuantizationErrorIsBoundedByHalfAStep) {
   }
 }
 
-// Attention over a paged layout: scattered blocks give bitwise the same output
-// as blocks in order, and both match a double-precision reference.
-TEST(Kernels, PagedAttentionMatchesReferenceAndIgnoresBlockPlacement) {
-  const int n_head = 4, n_kv = 2, hd = 16, bs = 4, n_pos = 11, n_blocks = 8;
-  const size_t row_bytes = dtype_row_bytes(DType::kF16, n_kv * hd);
-  const size_t block_bytes = row_bytes * bs * 2;
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> k(static_cast<size_t>(n_pos * n_kv * hd)), v(k.size()), q(static_cast<size_t>(n_head * hd));
-  for (auto& f : k) f = u(rng);
-  for (auto& f : v) f = u(rng);
-  for (auto& f : q) f = u(rng);
-  auto fill = [&](const std::vector<int32_t>& table) {
-    std::vector<uint8_t> pool(block_bytes * n_blocks, 0);
+// A paged KV layer holding positions 0..n_pos-1 of one sequence, and its queries.
+struct AttentionProblem {
+  int n_head, n_kv, hd, bs, n_pos;
+  DType dtype;
+  size_t row_bytes, block_bytes;
+  std::vector<float> k, v, q;  // k, v: n_pos rows of n_kv * hd; q: n_pos rows of n_head * hd
+  std::vector<int32_t> table;
+  std::vector<uint8_t> pool;
+
+  AttentionProblem(int heads, int kv_heads, int head_dim, int block_size, int positions, DType t,
+                   std::vector<int32_t> block_table, uint64_t seed)
+      : n_head(heads), n_kv(kv_heads), hd(head_dim), bs(block_size), n_pos(positions), dtype(t),
+        table(std::move(block_table)) {
+    row_bytes = dtype_row_bytes(t, n_kv * hd);
+    block_bytes = row_bytes * static_cast<size_t>(bs) * 2;
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_real_distribution<float> u(-2, 2);
+    k.resize(static_cast<size_t>(n_pos * n_kv * hd));
+    v.resize(k.size());
+    q.resize(static_cast<size_t>(n_pos * n_head * hd));
+    for (auto& f : k) f = u(rng);
+    for (auto& f : v) f = u(rng);
+    for (auto& f : q) f = u(rng);
+    const int32_t max_block = *std::max_element(table.begin(), table.end());
+    pool.assign(block_bytes * static_cast<size_t>(max_block + 1), 0);
     for (int p = 0; p < n_pos; ++p) {
       uint8_t* blk = pool.data() + static_cast<size_t>(table[static_cast<size_t>(p / bs)]) * block_bytes;
-      convert_row(k.data() + p * n_kv * hd, DType::kF16, blk + static_cast<size_t>(p % bs) * row_bytes, n_kv * hd);
-      convert_row(v.data() + p * n_kv * hd, DType::kF16, blk + (bs + static_cast<size_t>(p % bs)) * row_bytes, n_kv * hd);
+      convert_row(k.data() + p * n_kv * hd, t, blk + static_cast<size_t>(p % bs) * row_bytes, n_kv * hd);
+      convert_row(v.data() + p * n_kv * hd, t, blk + (static_cast<size_t>(bs) + p % bs) * row_bytes, n_kv * hd);
     }
-    return pool;
-  };
-  const std::vector<int32_t> ordered = {0, 1, 2}, scattered = {6, 2, 5};
-  ThreadPool tp(2);
-  auto run = [&](const std::vector<int32_t>& table) {
-    std::vector<uint8_t> pool = fill(table);
-    PagedKvLayer kv{pool.data(), block_bytes, 0, bs * row_bytes, row_bytes, bs, DType::kF16};
-    AttentionQuery query{n_pos - 1, table.data(), 3};
-    std::vector<float> out(q.size());
-    paged_attention(q.data(), n_head * hd, 1, &query, kv, n_head, n_kv, hd, 0.25f, out.data(), n_head * hd, tp);
+  }
+
+  PagedKvLayer layer() const {
+    return PagedKvLayer{pool.data(), block_bytes, 0, static_cast<size_t>(bs) * row_bytes, row_bytes, bs, dtype};
+  }
+
+  // Query rows [first, first + count) as chunks of the given sizes, each its own sequence entry.
+  std::vector<float> run(Isa isa, int first, int count, const std::vector<int>& chunks, int threads) const {
+    set_active_isa(isa);
+    ThreadPool tp(threads);
+    std::vector<AttentionSequence> seqs;
+    int row = 0;
+    for (int c : chunks) {
+      seqs.push_back({row, c, first + row, table.data(), static_cast<int32_t>(table.size())});
+      row += c;
+    }
+    EXPECT_EQ(row, count);
+    const int64_t ld = static_cast<int64_t>(n_head) * hd;
+    std::vector<float> out(static_cast<size_t>(count * ld), NAN);
+    paged_attention(q.data() + first * ld, ld, seqs, layer(), n_head, n_kv, hd, 0.3f, out.data(), ld, tp);
+    set_active_isa(best_supported_isa());
     return out;
-  };
-  const std::vector<float> a = run(ordered), b = run(scattered);
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
-  for (int h = 0; h < n_head; ++h) {
+  }
+
+  // Double-precision softmax attention of query row `row`, head h, element i,
+  // over the K/V as stored (rounded to the cache dtype).
+  double reference(int row, int h, int i) const {
     const int g = h / (n_head / n_kv);
-    std::vector<double> s(n_pos);
-    double mx = -1e30, sum = 0;
-    for (int p = 0; p < n_pos; ++p) {
+    auto stored = [&](const std::vector<float>& src, size_t idx) {
+      uint8_t b[4];
+      float f;
+      convert_row(&src[idx], dtype, b, 1);
+      dequantize_row(dtype, b, &f, 1);
+      return static_cast<double>(f);
+    };
+    std::vector<double> s(static_cast<size_t>(row + 1));
+    double mx = -1e300, sum = 0, o = 0;
+    for (int p = 0; p <= row; ++p) {
       double d = 0;
-      for (int i = 0; i < hd; ++i)
-        d += q[static_cast<size_t>(h * hd + i)] * f16_to_f32(f32_to_f16(k[static_cast<size_t>((p * n_kv + g) * hd + i)]));
-      s[static_cast<size_t>(p)] = d * 0.25;
-      mx = std::max(mx, s[static_cast<size_t>(p)]);
+      for (int e = 0; e < hd; ++e)
+        d += q[static_cast<size_t>((row * n_head + h) * hd + e)] * stored(k, static_cast<size_t>((p * n_kv + g) * hd + e));
+      mx = std::max(mx, s[static_cast<size_t>(p)] = d * 0.3);
     }
     for (auto& e : s) sum += (e = std::exp(e - mx));
-    for (int i = 0; i < hd; ++i) {
-      double o = 0;
-      for (int p = 0; p < n_pos; ++p)
-        o += s[static_cast<size_t>(p)] / sum * f16_to_f32(f32_to_f16(v[static_cast<size_t>((p * n_kv + g) * hd + i)]));
-      EXPECT_NEAR(a[static_cast<size_t>(h * hd + i)], o, 1e-5);
+    for (int p = 0; p <= row; ++p) o += s[static_cast<size_t>(p)] / sum * stored(v, static_cast<size_t>((p * n_kv + g) * hd + i));
+    return o;
+  }
+};
+
+// Every variant matches a double-precision reference on odd shapes (head
+// sizes with a vector tail, odd block sizes, one position, MHA and GQA).
+TEST(Kernels, PagedAttentionMatchesReferenceInEveryVariant) {
+  struct Shape {
+    int n_head, n_kv, hd, bs, n_pos;
+  };
+  for (const Shape& sh : {Shape{4, 2, 16, 4, 11}, Shape{3, 3, 20, 5, 23}, Shape{8, 2, 64, 16, 37}, Shape{2, 1, 7, 3, 1}}) {
+    std::vector<int32_t> table;
+    for (int b = 0; b * sh.bs < sh.n_pos; ++b) table.push_back(b);
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const AttentionProblem pr(sh.n_head, sh.n_kv, sh.hd, sh.bs, sh.n_pos, t, table, 7);
+      for (Isa isa : supported_isas()) {
+        const std::vector<float> out = pr.run(isa, 0, sh.n_pos, {sh.n_pos}, 2);
+        for (int r = 0; r < sh.n_pos; ++r)
+          for (int h = 0; h < sh.n_head; ++h)
+            for (int i = 0; i < sh.hd; ++i)
+              ASSERT_NEAR(out[static_cast<size_t>((r * sh.n_head + h) * sh.hd + i)], pr.reference(r, h, i), 2e-5)
+                  << isa_name(isa) << " " << dtype_name(t) << " hd=" << sh.hd << " bs=" << sh.bs << " row " << r;
+      }
+    }
+  }
+}
+
+// A row's output is bitwise the same whether it is computed alone, in one
+// chunk with all rows, in uneven chunks, with 1 or 2 threads, or with its
+// blocks scattered through the pool, in every variant.
+TEST(Kernels, PagedAttentionIsBatchChunkAndPlacementInvariant) {
+  const int n_pos = 45;  // three tiles of rows, the last one partial
+  const AttentionProblem ordered(8, 2, 24, 4, n_pos, DType::kF16, [] {
+    std::vector<int32_t> t;
+    for (int b = 0; b < 12; ++b) t.push_back(b);
+    return t;
+  }(), 3);
+  const AttentionProblem scattered(8, 2, 24, 4, n_pos, DType::kF16, {9, 3, 14, 0, 7, 12, 1, 5, 11, 2, 13, 6}, 3);
+  const size_t ld = 8 * 24;
+  for (Isa isa : supported_isas()) {
+    const std::vector<float> whole = ordered.run(isa, 0, n_pos, {n_pos}, 2);
+    EXPECT_EQ(whole, ordered.run(isa, 0, n_pos, {n_pos}, 1)) << isa_name(isa);
+    EXPECT_EQ(whole, scattered.run(isa, 0, n_pos, {n_pos}, 2)) << isa_name(isa);
+    // Rows 10..39 as uneven chunks (each chunk a separate sequence entry).
+    const std::vector<float> part = ordered.run(isa, 10, 30, {1, 17, 5, 7}, 2);
+    EXPECT_EQ(std::memcmp(part.data(), whole.data() + 10 * ld, part.size() * 4), 0) << isa_name(isa);
+    for (int r : {0, 16, 44}) {
+      const std::vector<float> alone = ordered.run(isa, r, 1, {1}, 2);
+      EXPECT_EQ(std::memcmp(alone.data(), whole.data() + static_cast<size_t>(r) * ld, ld * 4), 0) << isa_name(isa) << " row " << r;
     }
   }
 }

@@ -276,7 +276,10 @@ TEST(Model, MatchesNaiveDoublePrecisionReference) {
         max_err = std::max(max_err, std::fabs(want[i] - got[i]));
       }
       // Logits are O(10); f32 accumulation keeps them within 1e-3 relative.
-      EXPECT_LT(max_err, 1e-3 * max_abs) << arch << " " << kernels::dtype_name(dtype);
+      // bf16 weights multiply activations rounded to bf16 (relative error
+      // 2^-9 per input, as llama.cpp does), which the reference does not.
+      const double tolerance = dtype == DType::kBF16 ? 6e-3 : 1e-3;
+      EXPECT_LT(max_err, tolerance * max_abs) << arch << " " << kernels::dtype_name(dtype);
       EXPECT_EQ(kernels::argmax(got.data(), static_cast<int64_t>(got.size())),
                 std::max_element(want.begin(), want.end()) - want.begin());
     }

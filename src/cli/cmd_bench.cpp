@@ -55,7 +55,7 @@ std::vector<int32_t> bench_tokens(int64_t n, int64_t n_vocab, uint64_t salt) {
 struct BenchResult {
   double pp_tps = 0, tg_tps = 0, bandwidth_bps = 0;
   std::vector<std::pair<int, double>> batched_tps;
-  OpProfile pp_profile, tg_profile;
+  OpProfile pp_profile, tg_profile, batched_profile;  // batched: the largest batch's decode steps
 };
 
 // Per-op breakdown of one phase: time per forward, share, and for the matmul
@@ -146,6 +146,7 @@ void run_bench_model(const BenchArgs& a) {
         pre.add_sequence(bench_tokens(a.batched_prompt, c.n_vocab, 100 + static_cast<uint64_t>(s)), 0,
                          tables[static_cast<size_t>(s)], true);
       model.forward(pre, kv, pool, blogits.data());
+      if (a.profile && n_seq == max_batch) model.set_profile(&r.batched_profile);
       Stopwatch sw;
       for (int step = 0; step < a.batched_steps; ++step) {
         Batch b;
@@ -156,6 +157,7 @@ void run_bench_model(const BenchArgs& a) {
         model.forward(b, kv, pool, blogits.data());
       }
       runs.push_back(static_cast<double>(n_seq) * a.batched_steps / sw.elapsed_s());
+      model.set_profile(nullptr);
     }
     r.batched_tps.emplace_back(n_seq, median(runs));
   }
@@ -180,6 +182,7 @@ void run_bench_model(const BenchArgs& a) {
     if (a.profile) {
       print_profile_json("profile_pp", r.pp_profile);
       print_profile_json("profile_tg", r.tg_profile);
+      print_profile_json("profile_batched", r.batched_profile);
     }
     std::printf("}\n");
     return;
@@ -198,6 +201,7 @@ void run_bench_model(const BenchArgs& a) {
   if (a.profile) {
     print_profile(("pp" + std::to_string(a.n_prompt)).c_str(), r.pp_profile);
     print_profile(("tg" + std::to_string(a.n_gen)).c_str(), r.tg_profile);
+    print_profile(("batched decode x" + std::to_string(max_batch)).c_str(), r.batched_profile);
   }
 }
 

@@ -1,53 +1,65 @@
 #include "kernels/attention.h"
 
 #include <algorithm>
-#include <cstring>
+#include <atomic>
 #include <vector>
 
 #include "kernels/isa_kernels.h"
-#include "kernels/ops.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace tandem::kernels {
 
-void paged_attention(const float* q, int64_t ldq, int64_t n_tokens, const AttentionQuery* queries,
+void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSequence> sequences,
                      const PagedKvLayer& kv, int n_head, int n_head_kv, int head_dim, float scale, float* out,
                      int64_t ldo, ThreadPool& pool) {
   TANDEM_ASSERT(n_head_kv > 0 && n_head % n_head_kv == 0);
   TANDEM_ASSERT(kv.dtype != DType::kQ8_0, "the KV cache is f32, f16 or bf16");
-  const IsaKernels& isa = active_kernels();
-  const DotF32Fn dot = kv.dtype == DType::kF32 ? isa.dot_f32 : kv.dtype == DType::kF16 ? isa.dot_f16 : isa.dot_bf16;
-  const AxpyFn axpy = kv.dtype == DType::kF32 ? isa.axpy_f32 : kv.dtype == DType::kF16 ? isa.axpy_f16 : isa.axpy_bf16;
-  const size_t head_bytes = dtype_row_bytes(kv.dtype, head_dim);
-  const int group = n_head / n_head_kv;
+  const AttentionTileFn tile_fn = active_kernels().attention_tile;
 
-  pool.parallel_for(n_tokens * n_head, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / n_head;
-      const int h = static_cast<int>(item % n_head);
-      const AttentionQuery& query = queries[t];
-      const int64_t n_pos = static_cast<int64_t>(query.position) + 1;
-      TANDEM_ASSERT(query.position >= 0 && n_pos <= static_cast<int64_t>(query.n_blocks) * kv.block_size,
-                    "block table does not cover the query position");
-      const float* qh = q + t * ldq + static_cast<int64_t>(h) * head_dim;
-      const size_t head_offset = static_cast<size_t>(h / group) * head_bytes;
-      if (scores.size() < static_cast<size_t>(n_pos)) scores.resize(static_cast<size_t>(n_pos));
-      for (int64_t j = 0; j < n_pos; ++j) {
-        const uint8_t* block = kv.base + static_cast<size_t>(query.block_table[j / kv.block_size]) * kv.block_bytes;
-        const uint8_t* k = block + kv.k_offset + static_cast<size_t>(j % kv.block_size) * kv.row_bytes + head_offset;
-        scores[static_cast<size_t>(j)] = dot(qh, k, head_dim) * scale;
-      }
-      softmax(scores.data(), n_pos);
-      float* oh = out + t * ldo + static_cast<int64_t>(h) * head_dim;
-      std::memset(oh, 0, sizeof(float) * static_cast<size_t>(head_dim));
-      for (int64_t j = 0; j < n_pos; ++j) {
-        const uint8_t* block = kv.base + static_cast<size_t>(query.block_table[j / kv.block_size]) * kv.block_bytes;
-        const uint8_t* v = block + kv.v_offset + static_cast<size_t>(j % kv.block_size) * kv.row_bytes + head_offset;
-        axpy(scores[static_cast<size_t>(j)], v, oh, head_dim);
+  // One work item per (tile of rows, KV head). Causal tiles differ in cost
+  // (a late tile reads more blocks), so items are handed out longest first
+  // from a shared counter; which thread runs an item never changes its result.
+  struct Item {
+    AttentionTileArgs args;
+    int64_t cost;
+  };
+  // (Scratch of the calling thread; the workers see it through the reference.)
+  thread_local std::vector<Item> scratch;
+  std::vector<Item>& items = scratch;
+  items.clear();
+  const int group = n_head / n_head_kv;
+  for (const AttentionSequence& seq : sequences) {
+    const int32_t last = seq.first_position + seq.n_rows - 1;
+    TANDEM_ASSERT(seq.first_position >= 0 && static_cast<int64_t>(last) < static_cast<int64_t>(seq.n_blocks) * kv.block_size,
+                  "block table does not cover the query positions");
+    for (int32_t r = 0; r < seq.n_rows; r += kAttentionTileRows) {
+      const int rows = std::min<int32_t>(kAttentionTileRows, seq.n_rows - r);
+      const int64_t row = seq.first_row + r;
+      for (int h = 0; h < n_head_kv; ++h) {
+        AttentionTileArgs a;
+        a.q = q + row * ldq;
+        a.ldq = ldq;
+        a.first_position = seq.first_position + r;
+        a.n_rows = rows;
+        a.block_table = seq.block_table;
+        a.kv = &kv;
+        a.kv_head = h;
+        a.group = group;
+        a.head_dim = head_dim;
+        a.scale = scale;
+        a.out = out + row * ldo;
+        a.ldo = ldo;
+        items.push_back({a, static_cast<int64_t>(rows) * (a.first_position + rows)});
       }
     }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  std::atomic<size_t> next{0};
+  pool.run([&](int, int) {
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < items.size();
+         i = next.fetch_add(1, std::memory_order_relaxed))
+      tile_fn(items[i].args);
   });
 }
 

@@ -1,13 +1,16 @@
 // Causal attention of query rows over a paged KV cache.
 //
-// Each (token, head) pair is computed on its own, reading keys and values of
-// positions 0..position in order through the sequence's block table, so the
+// Work is split into tiles of up to kAttentionTileRows consecutive rows of one
+// sequence times the query heads of one KV head; a tile reads each KV block it
+// needs once (in decode, a tile is one token: every block is read once per
+// step). Each query visits positions 0..position in one fixed order, so its
 // result depends only on the query and the cached K/V, never on which other
-// tokens share the batch or how the prompt was chunked.
+// tokens share the batch, how the prompt was chunked, or the thread count.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/dtype.h"
 
@@ -29,14 +32,20 @@ struct PagedKvLayer {
   DType dtype = DType::kF16;
 };
 
-// A query row: its position and its sequence's block table (covering 0..position).
-struct AttentionQuery {
-  int32_t position = 0;
+// One sequence's query rows [first_row, first_row + n_rows), at consecutive
+// positions from first_position, and its block table (n_blocks entries
+// covering every position up to the last row's).
+struct AttentionSequence {
+  int32_t first_row = 0;
+  int32_t n_rows = 0;
+  int32_t first_position = 0;
   const int32_t* block_table = nullptr;
   int32_t n_blocks = 0;
 };
 
-void paged_attention(const float* q, int64_t ldq, int64_t n_tokens, const AttentionQuery* queries,
+constexpr int kAttentionTileRows = 16;
+
+void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSequence> sequences,
                      const PagedKvLayer& kv, int n_head, int n_head_kv, int head_dim, float scale, float* out,
                      int64_t ldo, ThreadPool& pool);
 

@@ -14,8 +14,16 @@ namespace {  // NOLINT(google-build-namespaces): see above
 
 // Decode (one token) walks rows in tiles of 8 for memory-level parallelism;
 // prefill walks blocks of 32 rows (kept in cache) and inside them tiles of
-// 4 rows x 5 tokens. Every tile computes each element in the same order, so
+// 4 rows x 5 tokens (the last tokens in one narrower tile). Every tile computes each element in the same order, so
 // the tiling never changes a result.
+// Rows [rb, re) of T tokens from t, in tiles of 4 rows.
+template <template <int, int> class Tile, int T>
+void tile_rows(const GemmArgs& a, int64_t rb, int64_t re, int64_t t) {
+  int64_t r = rb;
+  for (; r + 4 <= re; r += 4) Tile<4, T>::run(a, r, t);
+  for (; r < re; ++r) Tile<1, T>::run(a, r, t);
+}
+
 template <template <int, int> class Tile>
 void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   if (a.n_tokens == 1) {
@@ -28,15 +36,15 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const int64_t re = std::min(row_end, rb + kRowBlock);
     int64_t t = 0;
-    for (; t + 5 <= a.n_tokens; t += 5) {
-      int64_t r = rb;
-      for (; r + 4 <= re; r += 4) Tile<4, 5>::run(a, r, t);
-      for (; r < re; ++r) Tile<1, 5>::run(a, r, t);
-    }
-    for (; t < a.n_tokens; ++t) {
-      int64_t r = rb;
-      for (; r + 4 <= re; r += 4) Tile<4, 1>::run(a, r, t);
-      for (; r < re; ++r) Tile<1, 1>::run(a, r, t);
+    for (; t + 5 <= a.n_tokens; t += 5) tile_rows<Tile, 5>(a, rb, re, t);
+    // The last 1-4 tokens in one tile of that width, so that no token pays
+    // for a weight pass of its own (64 tokens: 30% of the time otherwise).
+    switch (a.n_tokens - t) {
+      case 4: tile_rows<Tile, 4>(a, rb, re, t); break;
+      case 3: tile_rows<Tile, 3>(a, rb, re, t); break;
+      case 2: tile_rows<Tile, 2>(a, rb, re, t); break;
+      case 1: tile_rows<Tile, 1>(a, rb, re, t); break;
+      default: break;
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/attention.h"
 #include "kernels/dtype.h"
 #include "kernels/isa.h"
 
@@ -35,27 +36,46 @@ struct GemmArgs {
   int64_t ldx = 0;
   const BlockQ8_0Act* xq = nullptr;  // activations quantized per row (q8_0 weights)
   int64_t ldxq = 0;                  // blocks between two token rows of xq
+  // bf16 weights multiply activations rounded to bf16 (in every variant, so
+  // that they agree): x then holds the rounded values as f32, and xb the same
+  // values as bf16 for the AVX-512 dot-product instructions.
+  const uint16_t* xb = nullptr;
+  int64_t ldxb = 0;
   int64_t n_tokens = 0;
   float* y = nullptr;
   int64_t ldy = 0;
 };
 
 using GemmFn = void (*)(const GemmArgs& args, int64_t row_begin, int64_t row_end);
-using DotF32Fn = float (*)(const float* a, const void* b, int64_t n);
-using AxpyFn = void (*)(float alpha, const void* x, float* y, int64_t n);
+
+// One attention work item (see attention_tile_vec in vector_algorithms.h):
+// n_rows consecutive query rows of one sequence, the `group` query heads of
+// KV head kv_head.
+struct AttentionTileArgs {
+  const float* q = nullptr;  // the tile's first query row
+  int64_t ldq = 0;
+  int32_t first_position = 0;
+  int n_rows = 0;
+  const int32_t* block_table = nullptr;
+  const PagedKvLayer* kv = nullptr;
+  int kv_head = 0;
+  int group = 1;
+  int head_dim = 0;
+  float scale = 1.0f;
+  float* out = nullptr;  // the tile's first output row
+  int64_t ldo = 0;
+};
+
+using AttentionTileFn = void (*)(const AttentionTileArgs& args);
+using SiluMulFn = void (*)(float* g, const float* u, int64_t n);
 
 struct IsaKernels {
   GemmFn gemm_f32;
   GemmFn gemm_f16;
   GemmFn gemm_bf16;
   GemmFn gemm_q8_0;
-  // dot(a, b) and y += alpha * x with b / x in f32, f16 or bf16 (the KV dtypes).
-  DotF32Fn dot_f32;
-  DotF32Fn dot_f16;
-  DotF32Fn dot_bf16;
-  AxpyFn axpy_f32;
-  AxpyFn axpy_f16;
-  AxpyFn axpy_bf16;
+  AttentionTileFn attention_tile;
+  SiluMulFn silu_mul;
 };
 
 extern const IsaKernels kScalarKernels;

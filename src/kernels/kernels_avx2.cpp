@@ -136,38 +136,72 @@ void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<L
 void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadBF16>::Fn>(a, b, e); }
 void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile>(a, b, e); }
 
-template <typename L>
-float dot(const float* x, const void* bptr, int64_t n) {
-  const auto* b = static_cast<const uint8_t*>(bptr);
-  __m256 acc = _mm256_setzero_ps();
-  const int64_t n8 = n & ~int64_t{7};
-  for (int64_t i = 0; i < n8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), L::load(b + i * L::kBytes), acc);
-  if (n8 < n) {
-    acc = _mm256_fmadd_ps(load_tail<LoadF32>(reinterpret_cast<const uint8_t*>(x + n8), n - n8),
-                          load_tail<L>(b + n8 * L::kBytes, n - n8), acc);
+// The vector type of vector_algorithms.h.
+struct Vec {
+  using V = __m256;
+  static constexpr int kWidth = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static float reduce_add(V v) { return hsum256(v); }
+  static float reduce_max(V v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
   }
-  return hsum256(acc);
-}
-
-template <typename L>
-void axpy(float alpha, const void* xptr, float* y, int64_t n) {
-  const auto* x = static_cast<const uint8_t*>(xptr);
-  const __m256 av = _mm256_set1_ps(alpha);
-  const int64_t n8 = n & ~int64_t{7};
-  for (int64_t i = 0; i < n8; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, L::load(x + i * L::kBytes), _mm256_loadu_ps(y + i)));
-  for (int64_t i = n8; i < n; ++i) {
-    __m256 xv = load_tail<L>(x + i * L::kBytes, 1);
-    y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm256_castps256_ps128(av), _mm256_castps256_ps128(xv), _mm_set_ss(y[i])));
+  static float first(V v) { return _mm256_cvtss_f32(v); }
+  // e^x as in kernels_avx512.cpp, with 2^n built in the exponent bits.
+  static V exp(V x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    V p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
   }
-}
+  // n elements of a KV row (f32, f16 or bf16) to f32.
+  template <typename L>
+  static void widen_as(const uint8_t* src, float* dst, int64_t n) {
+    const int64_t n8 = n & ~int64_t{7};
+    for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(dst + i, L::load(src + i * L::kBytes));
+    if (n8 < n) {
+      alignas(32) float tail[8];
+      _mm256_store_ps(tail, load_tail<L>(src + n8 * L::kBytes, n - n8));
+      std::memcpy(dst + n8, tail, static_cast<size_t>(n - n8) * sizeof(float));
+    }
+  }
+  static void widen(DType t, const uint8_t* src, float* dst, int64_t n) {
+    if (t == DType::kF16) return widen_as<LoadF16>(src, dst, n);
+    if (t == DType::kBF16) return widen_as<LoadBF16>(src, dst, n);
+    widen_as<LoadF32>(src, dst, n);
+  }
+};
 
 }  // namespace
+}  // namespace tandem::kernels
+
+#include "kernels/vector_algorithms.h"
+
+namespace tandem::kernels {
 
 const IsaKernels kAvx2Kernels = {
-    gemm_f32,      gemm_f16,      gemm_bf16,      gemm_q8_0,
-    dot<LoadF32>,  dot<LoadF16>,  dot<LoadBF16>,
-    axpy<LoadF32>, axpy<LoadF16>, axpy<LoadBF16>,
+    gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, attention_tile_vec, silu_mul_vec,
 };
 
 }  // namespace tandem::kernels

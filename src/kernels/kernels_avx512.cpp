@@ -131,6 +131,46 @@ inline void tile_q8_0(const GemmArgs& a, int64_t r0, int64_t t0) {
     for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = hsum256(acc[r][t]);
 }
 
+// BF16: vdpbf16ps adds two bf16 products per lane per instruction (32 per
+// register), so the reduction is in steps of 32: lane j sums k = 2j, 2j+1,
+// 2j+32, 2j+33, ... (the tail zero-masked), then _mm512_reduce_add_ps.
+template <int R, int T>
+inline void tile_bf16(const GemmArgs& a, int64_t r0, int64_t t0) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const uint8_t* w[R];
+  for (int r = 0; r < R; ++r) w[r] = a.w + static_cast<size_t>(r0 + r) * a.w_row_bytes;
+  const uint16_t* x[T];
+  for (int t = 0; t < T; ++t) x[t] = a.xb + (t0 + t) * a.ldxb;
+  const int64_t k32 = a.k & ~int64_t{31};
+  for (int64_t k = 0; k < k32; k += 32) {
+    __m512bh xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + k);
+    for (int r = 0; r < R; ++r) {
+      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + 2 * k) + kPrefetchBytes, _MM_HINT_T0);
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w[r] + 2 * k);
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, xv[t]);
+    }
+  }
+  if (k32 < a.k) {
+    const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << (a.k - k32)) - 1u);
+    __m512bh xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_maskz_loadu_epi16(m, x[t] + k32);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w[r] + 2 * k32);
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, xv[t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <int R, int T>
+struct Bf16Tile {
+  static void run(const GemmArgs& a, int64_t r, int64_t t) { tile_bf16<R, T>(a, r, t); }
+};
+
 template <typename L>
 struct FloatTile {
   template <int R, int T>
@@ -146,42 +186,73 @@ struct Q8Tile {
 
 void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF32>::Fn>(a, b, e); }
 void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF16>::Fn>(a, b, e); }
-void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadBF16>::Fn>(a, b, e); }
+void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Bf16Tile>(a, b, e); }
 void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile>(a, b, e); }
 
-template <typename L>
-float dot(const float* x, const void* bptr, int64_t n) {
-  const auto* b = static_cast<const uint8_t*>(bptr);
-  __m512 acc = _mm512_setzero_ps();
-  const int64_t n16 = n & ~int64_t{15};
-  for (int64_t i = 0; i < n16; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), L::load(b, i), acc);
-  if (n16 < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - n16)) - 1u);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + n16), L::load_tail(b, n16, m), acc);
+// The vector type of vector_algorithms.h.
+struct Vec {
+  using V = __m512;
+  static constexpr int kWidth = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
+  static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
+  static float first(V v) { return _mm512_cvtss_f32(v); }
+  // e^x: x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes' polynomial, then
+  // scaled by 2^n. Inputs are clamped to where the result is a normal float.
+  static V exp(V x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    V p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
   }
-  return _mm512_reduce_add_ps(acc);
-}
-
-template <typename L>
-void axpy(float alpha, const void* xptr, float* y, int64_t n) {
-  const auto* x = static_cast<const uint8_t*>(xptr);
-  const __m512 av = _mm512_set1_ps(alpha);
-  const int64_t n16 = n & ~int64_t{15};
-  for (int64_t i = 0; i < n16; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, L::load(x, i), _mm512_loadu_ps(y + i)));
-  if (n16 < n) {
+  // n elements of a KV row (f32, f16 or bf16) to f32.
+  static void widen(DType t, const uint8_t* src, float* dst, int64_t n) {
+    const int64_t n16 = n & ~int64_t{15};
     const __mmask16 m = static_cast<__mmask16>((1u << (n - n16)) - 1u);
-    _mm512_mask_storeu_ps(y + n16, m,
-                          _mm512_fmadd_ps(av, L::load_tail(x, n16, m), _mm512_maskz_loadu_ps(m, y + n16)));
+    switch (t) {
+      case DType::kF16:
+        for (int64_t i = 0; i < n16; i += 16) _mm512_storeu_ps(dst + i, LoadF16::load(src, i));
+        if (n16 < n) _mm512_mask_storeu_ps(dst + n16, m, LoadF16::load_tail(src, n16, m));
+        return;
+      case DType::kBF16:
+        for (int64_t i = 0; i < n16; i += 16) _mm512_storeu_ps(dst + i, LoadBF16::load(src, i));
+        if (n16 < n) _mm512_mask_storeu_ps(dst + n16, m, LoadBF16::load_tail(src, n16, m));
+        return;
+      default:
+        for (int64_t i = 0; i < n16; i += 16) _mm512_storeu_ps(dst + i, LoadF32::load(src, i));
+        if (n16 < n) _mm512_mask_storeu_ps(dst + n16, m, LoadF32::load_tail(src, n16, m));
+        return;
+    }
   }
-}
+};
 
 }  // namespace
+}  // namespace tandem::kernels
+
+#include "kernels/vector_algorithms.h"
+
+namespace tandem::kernels {
 
 const IsaKernels kAvx512Kernels = {
-    gemm_f32,      gemm_f16,      gemm_bf16,      gemm_q8_0,
-    dot<LoadF32>,  dot<LoadF16>,  dot<LoadBF16>,
-    axpy<LoadF32>, axpy<LoadF16>, axpy<LoadBF16>,
+    gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, attention_tile_vec, silu_mul_vec,
 };
 
 }  // namespace tandem::kernels

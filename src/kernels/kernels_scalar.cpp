@@ -1,5 +1,7 @@
 // Scalar reference kernels: the definition every vectorized variant is tested
 // against. Plain sequential sums, no tricks.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/isa_kernels.h"
@@ -56,24 +58,39 @@ void gemm_q8_0(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   }
 }
 
-template <float (*Load)(const void*, int64_t)>
-float dot(const float* a, const void* b, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * Load(b, i);
-  return acc;
-}
-
-template <float (*Load)(const void*, int64_t)>
-void axpy(float alpha, const void* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * Load(x, i);
-}
+// The vector type of vector_algorithms.h: one float, std::exp.
+struct Vec {
+  using V = float;
+  static constexpr int kWidth = 1;
+  static V zero() { return 0.0f; }
+  static V set1(float x) { return x; }
+  static V load(const float* p) { return *p; }
+  static void store(float* p, V v) { *p = v; }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  static V mul(V a, V b) { return a * b; }
+  static V div(V a, V b) { return a / b; }
+  static V fmadd(V a, V b, V c) { return a * b + c; }
+  static V max(V a, V b) { return std::max(a, b); }
+  static float reduce_add(V v) { return v; }
+  static float reduce_max(V v) { return v; }
+  static float first(V v) { return v; }
+  static V exp(V x) { return std::exp(x); }
+  static void widen(DType t, const uint8_t* src, float* dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = t == DType::kF16 ? load_f16(src, i) : t == DType::kBF16 ? load_bf16(src, i) : load_f32(src, i);
+  }
+};
 
 }  // namespace
+}  // namespace tandem::kernels
+
+#include "kernels/vector_algorithms.h"
+
+namespace tandem::kernels {
 
 const IsaKernels kScalarKernels = {
-    gemm_plain<load_f32>, gemm_plain<load_f16>, gemm_plain<load_bf16>, gemm_q8_0,
-    dot<load_f32>,        dot<load_f16>,        dot<load_bf16>,
-    axpy<load_f32>,       axpy<load_f16>,       axpy<load_bf16>,
+    gemm_plain<load_f32>, gemm_plain<load_f16>, gemm_plain<load_bf16>, gemm_q8_0, attention_tile_vec, silu_mul_vec,
 };
 
 }  // namespace tandem::kernels

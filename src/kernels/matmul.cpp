@@ -22,11 +22,12 @@ void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, 
   if (outputs.empty() || n_tokens == 0) return;
   TANDEM_ASSERT(outputs.size() <= kMaxOutputs);
   const int64_t k = outputs[0].w->cols;
-  bool any_q8 = false;
+  bool any_q8 = false, any_bf16 = false;
   int64_t total_rows = 0;
   for (const auto& o : outputs) {
     TANDEM_ASSERT(o.w->cols == k, "a matmul group must share its input width");
     any_q8 |= o.w->type == DType::kQ8_0;
+    any_bf16 |= o.w->type == DType::kBF16;
     total_rows += o.w->rows;
   }
 
@@ -41,13 +42,28 @@ void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, 
     for (int64_t t = 0; t < n_tokens; ++t) quantize_row_q8_0(x + t * ldx, xq.data() + t * ldxq, k);
   }
 
+  // bf16 weights: the activations rounded to bf16, once, as f32 and as bf16.
+  thread_local std::vector<float> x_rounded;
+  thread_local std::vector<uint16_t> xb;
+  if (any_bf16) {
+    x_rounded.resize(static_cast<size_t>(k * n_tokens));
+    xb.resize(x_rounded.size());
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      round_row_bf16(x + t * ldx, xb.data() + t * k, x_rounded.data() + t * k, k);
+    }
+  }
+
   const IsaKernels& isa = active_kernels();
   GemmArgs args[kMaxOutputs];
   int64_t first_row[kMaxOutputs + 1];
   first_row[0] = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& o = outputs[i];
-    args[i] = GemmArgs{o.w->data, o.w->row_bytes, k, x, ldx, xq.data(), ldxq, n_tokens, o.y, o.ldy};
+    args[i] = GemmArgs{o.w->data, o.w->row_bytes, k, x, ldx, xq.data(), ldxq, xb.data(), k, n_tokens, o.y, o.ldy};
+    if (o.w->type == DType::kBF16) {
+      args[i].x = x_rounded.data();
+      args[i].ldx = k;
+    }
     first_row[i + 1] = first_row[i] + o.w->rows;
   }
 

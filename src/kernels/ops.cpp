@@ -62,9 +62,7 @@ void rope_apply(float* x, int64_t ldx, int64_t n_rows, int n_heads, int head_dim
   }
 }
 
-void silu_mul(float* g, const float* u, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-}
+void silu_mul(float* g, const float* u, int64_t n) { active_kernels().silu_mul(g, u, n); }
 
 void add_inplace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
@@ -160,6 +158,13 @@ void quantize_row_q8_0_weights(const float* x, uint8_t* out, int64_t n) {
     BlockQ8_0 blk;
     blk.d = f32_to_f16(quantize_block_32(x + b * 32, blk.qs));
     std::memcpy(out + b * sizeof(BlockQ8_0), &blk, sizeof blk);
+  }
+}
+
+void round_row_bf16(const float* x, uint16_t* out_bf16, float* out_f32, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    out_bf16[i] = f32_to_bf16(x[i]);
+    out_f32[i] = bf16_to_f32(out_bf16[i]);
   }
 }
 

@@ -48,6 +48,8 @@ void dequantize_row(DType t, const uint8_t* row, float* out, int64_t n);
 void convert_row(const float* x, DType t, uint8_t* out, int64_t n);
 // Quantizes f32 to q8_0 weight blocks (n a multiple of 32), as llama.cpp's reference does.
 void quantize_row_q8_0_weights(const float* x, uint8_t* out, int64_t n);
+// Rounds n activations to bf16 (nearest even), storing them as bf16 and as f32.
+void round_row_bf16(const float* x, uint16_t* out_bf16, float* out_f32, int64_t n);
 // Quantizes activations for the q8_0 dot product (n a multiple of 32).
 void quantize_row_q8_0(const float* x, BlockQ8_0Act* out, int64_t n);
 

@@ -197,16 +197,16 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   ws_.up.resize(size(n, F));
   ws_.cos.resize(size(n, half_rot));
   ws_.sin.resize(size(n, half_rot));
-  ws_.queries.resize(static_cast<size_t>(n));
-
-  // Per-row context: attention query descriptor and KV slot.
+  // Attention's view of each sequence, and each row's KV slot.
+  ws_.sequences.clear();
   std::vector<std::pair<int32_t, int32_t>> slot_of_row(static_cast<size_t>(n));
   const int block_size = kv.shape().block_size;
   for (const BatchSequence& seq : batch.sequences) {
+    ws_.sequences.push_back({seq.first_row, seq.n_tokens, batch.positions[static_cast<size_t>(seq.first_row)],
+                             seq.block_table.data(), static_cast<int32_t>(seq.block_table.size())});
     for (int32_t i = 0; i < seq.n_tokens; ++i) {
       const auto row = static_cast<size_t>(seq.first_row + i);
       const int32_t pos = batch.positions[row];
-      ws_.queries[row] = {pos, seq.block_table.data(), static_cast<int32_t>(seq.block_table.size())};
       slot_of_row[row] = {seq.block_table[static_cast<size_t>(pos / block_size)], pos % block_size};
     }
   }
@@ -288,7 +288,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
     }
     {
       OpTimer timer(prof, Op::kAttention);
-      kernels::paged_attention(ws_.q.data(), q_dim, n, ws_.queries.data(), kv.layer_view(static_cast<int>(l)),
+      kernels::paged_attention(ws_.q.data(), q_dim, ws_.sequences, kv.layer_view(static_cast<int>(l)),
                                static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
                                attn_scale, ws_.attn.data(), q_dim, pool);
     }

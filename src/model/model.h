@@ -91,7 +91,7 @@ class Model {
   // Scratch reused across calls (the forward is driven by one thread).
   struct Workspace {
     std::vector<float> x, xn, q, k, v, attn, proj, gate, up, cos, sin, logits_in;
-    std::vector<kernels::AttentionQuery> queries;
+    std::vector<kernels::AttentionSequence> sequences;
   } ws_;
 };
 
