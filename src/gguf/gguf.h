@@ -137,6 +137,12 @@ class File {
   std::vector<float> get_f32_array_or_empty(std::string_view key) const;    // any numeric array
   std::vector<int32_t> get_i32_array_or_empty(std::string_view key) const;  // any integer array
 
+  // Tells the kernel this process no longer needs the mapped pages wholly
+  // inside [begin, begin + n_bytes) (after the model copied them elsewhere).
+  // The bytes stay readable: touching them reads them from the file again.
+  // A no-op for a parsed buffer.
+  void drop_pages(const uint8_t* begin, size_t n_bytes) const;
+
   // general.architecture, and "<arch>.<suffix>" keys.
   std::string architecture() const { return get_string("general.architecture"); }
   std::string arch_key(std::string_view suffix) const;

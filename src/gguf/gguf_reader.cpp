@@ -271,6 +271,15 @@ File File::open(const std::string& path) {
   return f;
 }
 
+void File::drop_pages(const uint8_t* begin, size_t n_bytes) const {
+  if (mapping_ == nullptr || n_bytes == 0) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(begin) + n_bytes) / page * page;
+  // Advice: if the kernel declines, the pages simply stay resident.
+  if (first < last) (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 File File::parse(std::span<const uint8_t> bytes, const std::string& name) {
   File f;
   f.path_ = name;

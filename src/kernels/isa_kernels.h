@@ -28,8 +28,14 @@ struct BlockQ8_0Act {
 // t in [0, n_tokens). Each output element is reduced in one fixed order that
 // does not depend on n_tokens, the row range or the tiling, which is what makes
 // the forward pass batch-invariant.
+//
+// Weight layout: rows are stored in groups of w_group rows (1 = plain
+// row-major). Each row is cut into chunks (64 bytes of f32/f16/bf16, or one
+// 34-byte Q8_0 block) and a group stores chunk 0 of its rows, then chunk 1,
+// ...; so a decode tile of 8 rows streams one contiguous range (see
+// WeightMatrix::group in matmul.h). The layout never changes the arithmetic.
 struct GemmArgs {
-  const uint8_t* w = nullptr;  // weight rows, w_row_bytes apart
+  const uint8_t* w = nullptr;  // weight rows (w_row_bytes of data per row)
   size_t w_row_bytes = 0;
   int64_t k = 0;               // reduction length (weight row length)
   const float* x = nullptr;    // activations, ldx floats apart (f32/f16/bf16 weights)
@@ -44,7 +50,24 @@ struct GemmArgs {
   int64_t n_tokens = 0;
   float* y = nullptr;
   int64_t ldy = 0;
+  int64_t w_group = 1;  // rows per interleaved group
 };
+
+constexpr int64_t kFloatChunkBytes = 64;
+constexpr int64_t kQ8ChunkBytes = 34;
+
+// Where chunk 0 of row r starts; chunk c is c * w_group * chunk_bytes further.
+inline const uint8_t* gemm_row(const GemmArgs& a, int64_t r, int64_t chunk_bytes) {
+  const int64_t g = a.w_group;
+  return a.w + static_cast<size_t>(r / g * g) * a.w_row_bytes + static_cast<size_t>((r % g) * chunk_bytes);
+}
+
+// Byte offset, from gemm_row, of the element at byte `byte` of a float-type
+// row (a load must not cross a chunk boundary: vector loads start at multiples
+// of their width, and 64 is a multiple of every width).
+inline size_t float_offset(const GemmArgs& a, int64_t byte) {
+  return static_cast<size_t>((byte / kFloatChunkBytes) * a.w_group * kFloatChunkBytes + byte % kFloatChunkBytes);
+}
 
 using GemmFn = void (*)(const GemmArgs& args, int64_t row_begin, int64_t row_end);
 

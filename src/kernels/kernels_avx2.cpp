@@ -15,7 +15,7 @@ namespace tandem::kernels {
 namespace {
 
 // See kernels_avx512.cpp: the decode GEMV prefetches each weight row ahead.
-constexpr int kPrefetchBytes = 512;
+constexpr int64_t kPrefetchLines = 8;
 
 inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
@@ -60,16 +60,18 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = a.w + static_cast<size_t>(r0 + r) * a.w_row_bytes;
+  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kFloatChunkBytes);
   const float* x[T];
   for (int t = 0; t < T; ++t) x[t] = a.x + (t0 + t) * a.ldx;
+  const int64_t prefetch = kPrefetchLines * kFloatChunkBytes * a.w_group;
   const int64_t k8 = a.k & ~int64_t{7};
   for (int64_t k = 0; k < k8; k += 8) {
     __m256 xv[T];
     for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x[t] + k);
+    const size_t off = float_offset(a, k * L::kBytes);
     for (int r = 0; r < R; ++r) {
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + k * L::kBytes) + kPrefetchBytes, _MM_HINT_T0);
-      __m256 wv = L::load(w[r] + k * L::kBytes);
+      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + off) + prefetch, _MM_HINT_T0);
+      __m256 wv = L::load(w[r] + off);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
     }
   }
@@ -77,7 +79,7 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
     __m256 xv[T];
     for (int t = 0; t < T; ++t) xv[t] = load_tail<LoadF32>(reinterpret_cast<const uint8_t*>(x[t] + k8), a.k - k8);
     for (int r = 0; r < R; ++r) {
-      __m256 wv = load_tail<L>(w[r] + k8 * L::kBytes, a.k - k8);
+      __m256 wv = load_tail<L>(w[r] + float_offset(a, k8 * L::kBytes), a.k - k8);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
     }
   }
@@ -98,18 +100,20 @@ inline void tile_q8_0(const GemmArgs& a, int64_t r0, int64_t t0) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  const BlockQ8_0* w[R];
-  for (int r = 0; r < R; ++r)
-    w[r] = reinterpret_cast<const BlockQ8_0*>(a.w + static_cast<size_t>(r0 + r) * a.w_row_bytes);
+  const uint8_t* w[R];
+  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kQ8ChunkBytes);
   const BlockQ8_0Act* x[T];
   for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
   const int64_t n_blocks = a.k / 32;
+  const size_t block_stride = static_cast<size_t>(kQ8ChunkBytes * a.w_group);
+  const size_t prefetch = kPrefetchLines * kFloatChunkBytes * static_cast<size_t>(a.w_group);
   for (int64_t b = 0; b < n_blocks; ++b) {
     for (int r = 0; r < R; ++r) {
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + b) + kPrefetchBytes, _MM_HINT_T0);
-      const float dw = _cvtsh_ss(w[r][b].d);
+      const auto* blk = reinterpret_cast<const BlockQ8_0*>(w[r] + static_cast<size_t>(b) * block_stride);
+      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(blk) + prefetch, _MM_HINT_T0);
+      const float dw = _cvtsh_ss(blk->d);
       for (int t = 0; t < T; ++t) {
-        __m256 s = _mm256_cvtepi32_ps(dot_block_i32(w[r][b].qs, x[t][b].qs));
+        __m256 s = _mm256_cvtepi32_ps(dot_block_i32(blk->qs, x[t][b].qs));
         acc[r][t] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * x[t][b].d), acc[r][t]);
       }
     }

@@ -15,29 +15,25 @@ namespace tandem::kernels {
 namespace {
 
 // Decode reads each weight row once, so the GEMV is bound by how early the
-// loads are issued: a software prefetch this far ahead of each row's stream
-// took batch-1 generation on the small F16 model from 32 to 46 tokens/s
-// (256: 39, 1024: 45, 2048: 27).
-constexpr int kPrefetchBytes = 512;
+// loads are issued: a software prefetch this many 64-byte chunks ahead of each
+// row's stream (8 chunks = 512 bytes of a plain row) took batch-1 generation
+// on the small F16 model from 32 to 46 tokens/s (256 bytes: 39, 1024: 45,
+// 2048: 27). In an interleaved group a chunk step is w_group lines.
+constexpr int64_t kPrefetchLines = 8;
 
+// 16 elements at p (load) or the first elements selected by m (load_tail), as f32.
 struct LoadF32 {
   static constexpr int kBytes = 4;
-  static __m512 load(const uint8_t* row, int64_t k) {
-    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
-  }
-  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
-    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + k);
-  }
+  static __m512 load(const uint8_t* p) { return _mm512_loadu_ps(p); }
+  static __m512 load_tail(const uint8_t* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 };
 
 struct LoadF16 {
   static constexpr int kBytes = 2;
-  static __m512 load(const uint8_t* row, int64_t k) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
+  static __m512 load(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * k));
-  }
+  static __m512 load_tail(const uint8_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 };
 
 struct LoadBF16 {
@@ -45,12 +41,8 @@ struct LoadBF16 {
   static __m512 widen(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
-  static __m512 load(const uint8_t* row, int64_t k) {
-    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
-  }
-  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
-    return widen(_mm256_maskz_loadu_epi16(m, row + 2 * k));
-  }
+  static __m512 load(const uint8_t* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static __m512 load_tail(const uint8_t* p, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
 };
 
 template <typename L, int R, int T>
@@ -59,16 +51,18 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = a.w + static_cast<size_t>(r0 + r) * a.w_row_bytes;
+  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kFloatChunkBytes);
   const float* x[T];
   for (int t = 0; t < T; ++t) x[t] = a.x + (t0 + t) * a.ldx;
+  const int64_t prefetch = kPrefetchLines * kFloatChunkBytes * a.w_group;
   const int64_t k16 = a.k & ~int64_t{15};
   for (int64_t k = 0; k < k16; k += 16) {
     __m512 xv[T];
     for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x[t] + k);
+    const size_t off = float_offset(a, L::kBytes * k);
     for (int r = 0; r < R; ++r) {
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + L::kBytes * k) + kPrefetchBytes, _MM_HINT_T0);
-      __m512 wv = L::load(w[r], k);
+      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + off) + prefetch, _MM_HINT_T0);
+      __m512 wv = L::load(w[r] + off);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
     }
   }
@@ -77,7 +71,7 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
     __m512 xv[T];
     for (int t = 0; t < T; ++t) xv[t] = _mm512_maskz_loadu_ps(m, x[t] + k16);
     for (int r = 0; r < R; ++r) {
-      __m512 wv = L::load_tail(w[r], k16, m);
+      __m512 wv = L::load_tail(w[r] + float_offset(a, L::kBytes * k16), m);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
     }
   }
@@ -106,29 +100,68 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// Tokens are taken in pairs, one per 256-bit half of a zmm register: one
+// vpdpbusd, one conversion and one FMA serve two tokens. Each half computes
+// exactly what the single-token path computes (the same int32 lane sums, the
+// same float product dw * dx, the same FMA, the same final hsum256), so a
+// token's result does not depend on whether it was paired.
 template <int R, int T>
 inline void tile_q8_0(const GemmArgs& a, int64_t r0, int64_t t0) {
-  __m256 acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  const BlockQ8_0* w[R];
-  for (int r = 0; r < R; ++r)
-    w[r] = reinterpret_cast<const BlockQ8_0*>(a.w + static_cast<size_t>(r0 + r) * a.w_row_bytes);
+  constexpr int P = T / 2;
+  constexpr bool kOdd = T % 2 == 1;
+  __m512 acc2[R][P > 0 ? P : 1];
+  __m256 acc1[R];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) acc2[r][p] = _mm512_setzero_ps();
+    acc1[r] = _mm256_setzero_ps();
+  }
+  const uint8_t* w[R];
+  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kQ8ChunkBytes);
   const BlockQ8_0Act* x[T];
   for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
   const int64_t n_blocks = a.k / 32;
+  const size_t block_stride = static_cast<size_t>(kQ8ChunkBytes * a.w_group);
+  const size_t prefetch = kPrefetchLines * kFloatChunkBytes * static_cast<size_t>(a.w_group);
   for (int64_t b = 0; b < n_blocks; ++b) {
+    __m512i xp[P > 0 ? P : 1];
+    __m512 dxp[P > 0 ? P : 1];
+    for (int p = 0; p < P; ++p) {
+      const BlockQ8_0Act& x0 = x[2 * p][b];
+      const BlockQ8_0Act& x1 = x[2 * p + 1][b];
+      xp[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.qs))),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.qs)), 1);
+      dxp[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(x0.d)), _mm256_set1_ps(x1.d), 1);
+    }
     for (int r = 0; r < R; ++r) {
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + b) + kPrefetchBytes, _MM_HINT_T0);
-      const float dw = _cvtsh_ss(w[r][b].d);
-      for (int t = 0; t < T; ++t) {
-        __m256 s = _mm256_cvtepi32_ps(dot_block_i32(w[r][b].qs, x[t][b].qs));
-        acc[r][t] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * x[t][b].d), acc[r][t]);
+      const auto* blk = reinterpret_cast<const BlockQ8_0*>(w[r] + static_cast<size_t>(b) * block_stride);
+      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(blk) + prefetch, _MM_HINT_T0);
+      const float dw = _cvtsh_ss(blk->d);
+      if constexpr (P > 0) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
+        const __m512i wabs = _mm512_broadcast_i64x4(_mm256_abs_epi8(wv));
+        const __mmask64 wneg = _mm512_movepi8_mask(_mm512_broadcast_i64x4(wv));
+        const __m512 dwv = _mm512_set1_ps(dw);
+        for (int p = 0; p < P; ++p) {
+          // x * sign(w) (where w is 0 the product is 0 either way).
+          const __m512i xs = _mm512_mask_sub_epi8(xp[p], wneg, _mm512_setzero_si512(), xp[p]);
+          const __m512 s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wabs, xs));
+          acc2[r][p] = _mm512_fmadd_ps(s, _mm512_mul_ps(dwv, dxp[p]), acc2[r][p]);
+        }
+      }
+      if constexpr (kOdd) {
+        const BlockQ8_0Act& xl = x[T - 1][b];
+        const __m256 s = _mm256_cvtepi32_ps(dot_block_i32(blk->qs, xl.qs));
+        acc1[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * xl.d), acc1[r]);
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = hsum256(acc[r][t]);
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) {
+      a.y[(t0 + 2 * p) * a.ldy + r0 + r] = hsum256(_mm512_castps512_ps256(acc2[r][p]));
+      a.y[(t0 + 2 * p + 1) * a.ldy + r0 + r] = hsum256(_mm512_extractf32x8_ps(acc2[r][p], 1));
+    }
+    if constexpr (kOdd) a.y[(t0 + T - 1) * a.ldy + r0 + r] = hsum256(acc1[r]);
+  }
 }
 
 // BF16: vdpbf16ps adds two bf16 products per lane per instruction (32 per
@@ -140,16 +173,19 @@ inline void tile_bf16(const GemmArgs& a, int64_t r0, int64_t t0) {
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = a.w + static_cast<size_t>(r0 + r) * a.w_row_bytes;
+  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kFloatChunkBytes);
   const uint16_t* x[T];
   for (int t = 0; t < T; ++t) x[t] = a.xb + (t0 + t) * a.ldxb;
   const int64_t k32 = a.k & ~int64_t{31};
+  const int64_t chunk_stride = kFloatChunkBytes * a.w_group;
+  const int64_t prefetch = kPrefetchLines * chunk_stride;
   for (int64_t k = 0; k < k32; k += 32) {
     __m512bh xv[T];
     for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + k);
+    const int64_t off = k / 32 * chunk_stride;  // 32 bf16 = one 64-byte chunk
     for (int r = 0; r < R; ++r) {
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + 2 * k) + kPrefetchBytes, _MM_HINT_T0);
-      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w[r] + 2 * k);
+      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + off) + prefetch, _MM_HINT_T0);
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w[r] + off);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, xv[t]);
     }
   }
@@ -158,7 +194,7 @@ inline void tile_bf16(const GemmArgs& a, int64_t r0, int64_t t0) {
     __m512bh xv[T];
     for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_maskz_loadu_epi16(m, x[t] + k32);
     for (int r = 0; r < R; ++r) {
-      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w[r] + 2 * k32);
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w[r] + k32 / 32 * chunk_stride);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, xv[t]);
     }
   }
@@ -229,16 +265,16 @@ struct Vec {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - n16)) - 1u);
     switch (t) {
       case DType::kF16:
-        for (int64_t i = 0; i < n16; i += 16) _mm512_storeu_ps(dst + i, LoadF16::load(src, i));
-        if (n16 < n) _mm512_mask_storeu_ps(dst + n16, m, LoadF16::load_tail(src, n16, m));
+        for (int64_t i = 0; i < n16; i += 16) _mm512_storeu_ps(dst + i, LoadF16::load(src + 2 * i));
+        if (n16 < n) _mm512_mask_storeu_ps(dst + n16, m, LoadF16::load_tail(src + 2 * n16, m));
         return;
       case DType::kBF16:
-        for (int64_t i = 0; i < n16; i += 16) _mm512_storeu_ps(dst + i, LoadBF16::load(src, i));
-        if (n16 < n) _mm512_mask_storeu_ps(dst + n16, m, LoadBF16::load_tail(src, n16, m));
+        for (int64_t i = 0; i < n16; i += 16) _mm512_storeu_ps(dst + i, LoadBF16::load(src + 2 * i));
+        if (n16 < n) _mm512_mask_storeu_ps(dst + n16, m, LoadBF16::load_tail(src + 2 * n16, m));
         return;
       default:
-        for (int64_t i = 0; i < n16; i += 16) _mm512_storeu_ps(dst + i, LoadF32::load(src, i));
-        if (n16 < n) _mm512_mask_storeu_ps(dst + n16, m, LoadF32::load_tail(src, n16, m));
+        for (int64_t i = 0; i < n16; i += 16) _mm512_storeu_ps(dst + i, LoadF32::load(src + 4 * i));
+        if (n16 < n) _mm512_mask_storeu_ps(dst + n16, m, LoadF32::load_tail(src + 4 * n16, m));
         return;
     }
   }

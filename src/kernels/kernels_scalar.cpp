@@ -28,14 +28,14 @@ inline float load_f32(const void* p, int64_t i) {
   return f;
 }
 
-template <float (*Load)(const void*, int64_t)>
+template <float (*Load)(const void*, int64_t), int64_t Bytes>
 void gemm_plain(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     const float* x = a.x + t * a.ldx;
     for (int64_t r = row_begin; r < row_end; ++r) {
-      const uint8_t* w = a.w + static_cast<size_t>(r) * a.w_row_bytes;
+      const uint8_t* w = gemm_row(a, r, kFloatChunkBytes);
       float acc = 0.0f;
-      for (int64_t k = 0; k < a.k; ++k) acc += x[k] * Load(w, k);
+      for (int64_t k = 0; k < a.k; ++k) acc += x[k] * Load(w + float_offset(a, k * Bytes), 0);
       a.y[t * a.ldy + r] = acc;
     }
   }
@@ -46,12 +46,14 @@ void gemm_q8_0(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     const BlockQ8_0Act* xb = a.xq + t * a.ldxq;
     for (int64_t r = row_begin; r < row_end; ++r) {
-      const auto* wb = reinterpret_cast<const BlockQ8_0*>(a.w + static_cast<size_t>(r) * a.w_row_bytes);
+      const uint8_t* row = gemm_row(a, r, kQ8ChunkBytes);
       float acc = 0.0f;
       for (int64_t b = 0; b < n_blocks; ++b) {
+        BlockQ8_0 wb;
+        std::memcpy(&wb, row + b * kQ8ChunkBytes * a.w_group, sizeof wb);
         int32_t sum = 0;
-        for (int i = 0; i < 32; ++i) sum += static_cast<int32_t>(wb[b].qs[i]) * xb[b].qs[i];
-        acc += static_cast<float>(sum) * (f16_to_f32(wb[b].d) * xb[b].d);
+        for (int i = 0; i < 32; ++i) sum += static_cast<int32_t>(wb.qs[i]) * xb[b].qs[i];
+        acc += static_cast<float>(sum) * (f16_to_f32(wb.d) * xb[b].d);
       }
       a.y[t * a.ldy + r] = acc;
     }
@@ -90,7 +92,7 @@ struct Vec {
 namespace tandem::kernels {
 
 const IsaKernels kScalarKernels = {
-    gemm_plain<load_f32>, gemm_plain<load_f16>, gemm_plain<load_bf16>, gemm_q8_0, attention_tile_vec, silu_mul_vec,
+    gemm_plain<load_f32, 4>, gemm_plain<load_f16, 2>, gemm_plain<load_bf16, 2>, gemm_q8_0, attention_tile_vec, silu_mul_vec,
 };
 
 }  // namespace tandem::kernels

@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kernels/isa_kernels.h"
@@ -15,7 +16,43 @@ namespace {
 constexpr int64_t kRowGrain = 8;
 constexpr size_t kMaxOutputs = 8;
 
+// Per-token preparation of the activations (quantization, rounding): across
+// threads for a prompt, inline for one token (a parallel region costs more).
+template <typename Fn>
+void for_each_token(int64_t n_tokens, ThreadPool& pool, const Fn& fn) {
+  if (n_tokens == 1) return fn(0);
+  pool.parallel_for(n_tokens, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) fn(t);
+  });
+}
+
+int64_t chunk_bytes(DType t) { return t == DType::kQ8_0 ? kQ8ChunkBytes : kFloatChunkBytes; }
+
 }  // namespace
+
+bool can_interleave(const WeightMatrix& w) {
+  return w.group == 1 && w.rows % kInterleaveRows == 0 &&
+         static_cast<int64_t>(w.row_bytes) % chunk_bytes(w.type) == 0;
+}
+
+WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst) {
+  TANDEM_ASSERT(can_interleave(w));
+  const int64_t chunk = chunk_bytes(w.type);
+  const int64_t n_chunks = static_cast<int64_t>(w.row_bytes) / chunk;
+  for (int64_t g = 0; g < w.rows / kInterleaveRows; ++g) {
+    uint8_t* out = dst + static_cast<size_t>(g * kInterleaveRows) * w.row_bytes;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      for (int64_t i = 0; i < kInterleaveRows; ++i) {
+        const uint8_t* src = w.data + static_cast<size_t>(g * kInterleaveRows + i) * w.row_bytes + c * chunk;
+        std::memcpy(out + (c * kInterleaveRows + i) * chunk, src, static_cast<size_t>(chunk));
+      }
+    }
+  }
+  WeightMatrix out = w;
+  out.data = dst;
+  out.group = kInterleaveRows;
+  return out;
+}
 
 void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, int64_t n_tokens,
             ThreadPool& pool) {
@@ -39,7 +76,8 @@ void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, 
     TANDEM_ASSERT(k % 32 == 0, "q8_0 weights need a row length that is a multiple of 32");
     ldxq = k / 32;
     xq.resize(static_cast<size_t>(ldxq * n_tokens));
-    for (int64_t t = 0; t < n_tokens; ++t) quantize_row_q8_0(x + t * ldx, xq.data() + t * ldxq, k);
+    BlockQ8_0Act* q = xq.data();
+    for_each_token(n_tokens, pool, [&](int64_t t) { quantize_row_q8_0(x + t * ldx, q + t * ldxq, k); });
   }
 
   // bf16 weights: the activations rounded to bf16, once, as f32 and as bf16.
@@ -48,9 +86,9 @@ void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, 
   if (any_bf16) {
     x_rounded.resize(static_cast<size_t>(k * n_tokens));
     xb.resize(x_rounded.size());
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      round_row_bf16(x + t * ldx, xb.data() + t * k, x_rounded.data() + t * k, k);
-    }
+    uint16_t* b16 = xb.data();
+    float* f32 = x_rounded.data();
+    for_each_token(n_tokens, pool, [&](int64_t t) { round_row_bf16(x + t * ldx, b16 + t * k, f32 + t * k, k); });
   }
 
   const IsaKernels& isa = active_kernels();
@@ -59,7 +97,8 @@ void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, 
   first_row[0] = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& o = outputs[i];
-    args[i] = GemmArgs{o.w->data, o.w->row_bytes, k, x, ldx, xq.data(), ldxq, xb.data(), k, n_tokens, o.y, o.ldy};
+    args[i] = GemmArgs{o.w->data, o.w->row_bytes, k,        x,   ldx, xq.data(), ldxq, xb.data(), k,
+                       n_tokens,  o.y,            o.ldy, o.w->group};
     if (o.w->type == DType::kBF16) {
       args[i].x = x_rounded.data();
       args[i].ldx = k;

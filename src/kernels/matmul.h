@@ -17,15 +17,26 @@ class ThreadPool;
 
 namespace tandem::kernels {
 
-// A weight matrix: `rows` rows of `cols` elements, row_bytes apart (a view;
-// the bytes usually live in the mmap'd model file).
+// A weight matrix: `rows` rows of `cols` elements, row_bytes of data each (a
+// view). group == 1: plain row-major, as in a GGUF file. group == 8: rows
+// interleaved in groups of 8 by 64-byte chunks (Q8_0: by 34-byte blocks), the
+// layout the GEMV and GEMM tiles stream best (see GemmArgs).
 struct WeightMatrix {
   DType type = DType::kF32;
   const uint8_t* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
   size_t row_bytes = 0;
+  int64_t group = 1;
 };
+
+constexpr int64_t kInterleaveRows = 8;
+
+// Whether w can be interleaved: plain, whole groups of rows, rows of whole chunks.
+bool can_interleave(const WeightMatrix& w);
+// Writes w interleaved into dst (rows * row_bytes bytes, the same size) and
+// returns the matrix viewed there.
+WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst);
 
 // One product in a group that shares its input x.
 struct MatmulOutput {

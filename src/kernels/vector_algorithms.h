@@ -58,11 +58,14 @@ void attention_tile_vec(const AttentionTileArgs& a) {
   const int hd_vec = hd / W * W;
 
   thread_local std::vector<float> kt, vf, row, scores, out, run_max, run_sum;
-  kt.assign(static_cast<size_t>(hd) * static_cast<size_t>(bs_pad), 0.0f);
+  // Stale values in kt's padding lanes and in `out` are never used: padding
+  // scores are overwritten with -inf, and block 0 (which every query visits
+  // first) starts its output sums from zero.
+  kt.resize(static_cast<size_t>(hd) * static_cast<size_t>(bs_pad));
   vf.resize(static_cast<size_t>(bs) * static_cast<size_t>(hd));
   row.resize(static_cast<size_t>(hd));
   scores.resize(static_cast<size_t>(bs_pad));
-  out.assign(static_cast<size_t>(n_queries * hd), 0.0f);
+  out.resize(static_cast<size_t>(n_queries * hd));
   run_max.assign(static_cast<size_t>(n_queries), -std::numeric_limits<float>::infinity());
   run_sum.assign(static_cast<size_t>(n_queries), 0.0f);
 
@@ -118,13 +121,13 @@ void attention_tile_vec(const AttentionTileArgs& a) {
         // out = out * correction + sum_j p_j * V_j.
         float* o = out.data() + qi * hd;
         for (int d = 0; d < hd_vec; d += W) {
-          auto acc = Vec::mul(Vec::load(o + d), Vec::set1(correction));
+          auto acc = b == 0 ? Vec::zero() : Vec::mul(Vec::load(o + d), Vec::set1(correction));
           for (int j = 0; j < limit; ++j)
             acc = Vec::fmadd(Vec::set1(scores[static_cast<size_t>(j)]), Vec::load(vf.data() + j * hd + d), acc);
           Vec::store(o + d, acc);
         }
         for (int d = hd_vec; d < hd; ++d) {
-          float acc = o[d] * correction;
+          float acc = b == 0 ? 0.0f : o[d] * correction;
           for (int j = 0; j < limit; ++j) acc = std::fma(scores[static_cast<size_t>(j)], vf[static_cast<size_t>(j * hd + d)], acc);
           o[d] = acc;
         }

@@ -1,6 +1,8 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <array>
+#include <span>
 #include <cmath>
 #include <initializer_list>
 #include <cstring>
@@ -69,19 +71,23 @@ const float* vector_f32(const gguf::File& f, const std::string& name, int64_t n,
   return reinterpret_cast<const float*>(t->data);
 }
 
-void prefault(const gguf::File& f, const LoadOptions& options) {
-  const uint64_t total = f.file_size() - f.data_offset();
-  const uint8_t* base = f.tensors().empty() ? nullptr : f.tensors().front().data - f.tensors().front().offset;
-  if (base == nullptr) return;
+// Reads one byte per page of each range, reporting progress over all of them.
+void prefault(std::span<const std::pair<const uint8_t*, uint64_t>> ranges, const LoadOptions& options) {
+  uint64_t total = 0, done = 0;
+  for (const auto& r : ranges) total += r.second;
   constexpr uint64_t kPage = 4096;
   constexpr uint64_t kReportEvery = 16ull << 20;
   volatile uint8_t sink = 0;
-  for (uint64_t off = 0; off < total; off += kPage) {
-    sink = static_cast<uint8_t>(sink + base[off]);
-    if (options.progress && off % kReportEvery == 0) options.progress(off, total);
+  for (const auto& [base, n] : ranges) {
+    for (uint64_t off = 0; off < n; off += kPage, done += kPage) {
+      sink = static_cast<uint8_t>(sink + base[off]);
+      if (options.progress && done % kReportEvery == 0) options.progress(done, total);
+    }
   }
   if (options.progress) options.progress(total, total);
 }
+
+uint64_t matrix_bytes(const WeightMatrix& w) { return static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows); }
 
 }  // namespace
 
@@ -121,7 +127,41 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
     w.w_up = matrix(f, p + "ffn_up.weight", c.n_embd, c.n_ff);
     w.w_down = matrix(f, p + "ffn_down.weight", c.n_ff, c.n_embd);
   }
-  if (options.prefault) prefault(f, options);
+  // Interleave every matrix that can be (not the embedding table, which is
+  // read by rows), each into its slice of one anonymous mapping, dropping its
+  // file pages at once so that memory holds one copy at any time.
+  std::vector<WeightMatrix*> to_interleave;
+  if (options.interleave_weights) {
+    for (LayerWeights& w : m->layers_)
+      for (WeightMatrix* x : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) to_interleave.push_back(x);
+    if (!c.tied_embeddings) to_interleave.push_back(&m->output_);
+    std::erase_if(to_interleave, [](const WeightMatrix* x) { return !kernels::can_interleave(*x); });
+  }
+  uint64_t interleaved_bytes = 0;
+  std::vector<const uint8_t*> copied;  // file bytes of the interleaved matrices
+  for (const WeightMatrix* x : to_interleave) {
+    interleaved_bytes += matrix_bytes(*x);
+    copied.push_back(x->data);
+  }
+  std::sort(copied.begin(), copied.end());
+  if (interleaved_bytes > 0) {
+    m->interleaved_ = AnonymousMemory(interleaved_bytes);
+    uint64_t offset = 0;
+    for (WeightMatrix* x : to_interleave) {
+      const WeightMatrix plain = *x;
+      *x = kernels::interleave_rows(plain, m->interleaved_.data() + offset);
+      offset += matrix_bytes(plain);
+      f.drop_pages(plain.data, matrix_bytes(plain));
+      if (options.progress) options.progress(offset, interleaved_bytes);
+    }
+  }
+  if (options.prefault) {
+    // The rest of the tensors (interleaving already read the matrices).
+    std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
+    for (const gguf::TensorInfo& t : f.tensors())
+      if (!std::binary_search(copied.begin(), copied.end(), t.data)) ranges.emplace_back(t.data, t.n_bytes);
+    prefault(ranges, options);
+  }
   return m;
 }
 

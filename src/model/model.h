@@ -22,6 +22,7 @@
 #include "kv/kv_pool.h"
 #include "model/batch.h"
 #include "model/model_config.h"
+#include "util/anonymous_memory.h"
 
 namespace tandem {
 
@@ -47,6 +48,10 @@ struct LoadOptions {
   // for files over 100 MB by the CLI to show progress.
   std::function<void(uint64_t, uint64_t)> progress;
   bool prefault = true;  // read every weight page once at load time
+  // Copy the matrices into the interleaved layout the kernels stream best
+  // (WeightMatrix::group), dropping the file's pages as each is copied, so
+  // the process keeps one copy. Results are bitwise the same either way.
+  bool interleave_weights = true;
 };
 
 class Model {
@@ -86,6 +91,7 @@ class Model {
   const float* output_norm_ = nullptr;
   std::vector<float> rope_freq_factors_;
   std::vector<LayerWeights> layers_;
+  AnonymousMemory interleaved_;  // the interleaved matrices, when LoadOptions::interleave_weights
   OpProfile* profile_ = nullptr;
 
   // Scratch reused across calls (the forward is driven by one thread).
