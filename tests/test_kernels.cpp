@@ -147,6 +147,46 @@ TEST(Kernels, Q8_0ReferenceMatchesDequantizedProduct) {
     }
 }
 
+// The interleaved layout (matmul.h) only moves bytes: every variant gives
+// bitwise the same products from it as from plain rows, including for row
+// ranges that start or end inside a group of 8.
+TEST(Kernels, InterleavedWeightsGiveBitwiseTheSameProducts) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    const int64_t elems_per_chunk = t == DType::kF32 ? 16 : 32;
+    for (int64_t rows : {8, 24}) {
+      for (int64_t cols : {elems_per_chunk, 3 * elems_per_chunk}) {
+        for (int64_t n : {1, 6, 11}) {
+          Problem p(t, rows, cols, n, static_cast<uint64_t>(rows * 100 + cols + n));
+          WeightMatrix plain{t, p.w.data(), rows, cols, dtype_row_bytes(t, cols)};
+          ASSERT_TRUE(can_interleave(plain));
+          std::vector<uint8_t> packed(p.w.size());
+          const WeightMatrix inter = interleave_rows(plain, packed.data());
+          EXPECT_EQ(inter.group, kInterleaveRows);
+          if (cols > elems_per_chunk) {  // (one chunk per row: the same order)
+            EXPECT_NE(packed, p.w);
+          }
+          for (Isa isa : supported_isas()) {
+            const std::vector<float> want = p.run(isa);
+            std::vector<float> y(want.size(), NAN);
+            GemmArgs a = p.args(y.data());
+            a.w = inter.data;
+            a.w_group = inter.group;
+            gemm_for(table(isa), t)(a, 0, 5);
+            gemm_for(table(isa), t)(a, 5, rows);
+            EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * 4), 0)
+                << dtype_name(t) << " " << isa_name(isa) << " rows=" << rows << " cols=" << cols << " n=" << n;
+          }
+        }
+      }
+    }
+  }
+  // Shapes that cannot be interleaved stay plain.
+  std::vector<uint8_t> bytes(4096);
+  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kF16, bytes.data(), 13, 32, dtype_row_bytes(DType::kF16, 32)}));
+  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kF16, bytes.data(), 8, 17, dtype_row_bytes(DType::kF16, 17)}));
+  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kF32, bytes.data(), 8, 8, dtype_row_bytes(DType::kF32, 8)}));
+}
+
 TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
   for (Isa isa : supported_isas()) {
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {

@@ -286,6 +286,25 @@ TEST(Model, MatchesNaiveDoublePrecisionReference) {
   }
 }
 
+// Interleaving the weights at load is a layout change only: the logits are
+// bitwise those of the plain file layout, for every weight type.
+TEST(Model, InterleavedWeightsGiveBitwiseThePlainLogits) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    auto file = std::make_shared<const gguf::File>(gguf::File::open(testing::tiny_model_path("llama", dtype)));
+    LoadOptions plain_options;
+    plain_options.interleave_weights = false;
+    std::unique_ptr<Model> interleaved = Model::load(file);
+    std::unique_ptr<Model> plain = Model::load(file, plain_options);
+    EXPECT_GT(interleaved->interleaved_bytes(), 0u);
+    EXPECT_EQ(plain->interleaved_bytes(), 0u);
+    ThreadPool pool(2);
+    const std::vector<int32_t> toks = tokens(13, 3, plain->config().n_vocab);
+    const std::vector<float> a = run_alone(*interleaved, toks, {13}, pool);
+    const std::vector<float> b = run_alone(*plain, toks, {6, 7}, pool);
+    EXPECT_TRUE(bitwise_equal(a.data(), b.data(), a.size())) << kernels::dtype_name(dtype);
+  }
+}
+
 TEST(Model, EveryKernelVariantGivesTheSameGreedyTokens) {
   Loaded l = load("qwen2", DType::kF16);
   ThreadPool pool(2);

@@ -65,6 +65,8 @@ class Model {
   const gguf::File& file() const { return *file_; }
   // Bytes of weights read by one decode step (every matrix once, plus one embedding row).
   uint64_t weight_bytes_per_step() const;
+  // Bytes of weights copied into the interleaved layout at load (0: plain).
+  uint64_t interleaved_bytes() const { return interleaved_.size(); }
   // The main weight dtype (of the attention Q projection), for reports.
   kernels::DType weight_dtype() const { return layers_[0].wq.type; }
 
