@@ -12,6 +12,7 @@
 #include "kernels/attention.h"
 #include "kernels/isa.h"
 #include "kernels/isa_kernels.h"
+#include "kernels/kv_write.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "util/fp16.h"
@@ -319,6 +320,50 @@ TEST(Kernels, Q8_0QuantizationErrorIsBoundedByHalfAStep) {
     float amax = 0;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[static_cast<size_t>(b * 32 + i)]));
     for (int i = 0; i < 32; ++i) EXPECT_LE(std::fabs(back[static_cast<size_t>(b * 32 + i)] - x[static_cast<size_t>(b * 32 + i)]), amax / 127 * 0.5 + amax * 1e-3);
+  }
+}
+
+// The fused RoPE -> KV write stores bitwise what rotating and then converting
+// each row gives, in every variant, for one row (inline) and many (threaded),
+// with a partial rotation and a head size that leaves vector tails.
+TEST(Kernels, RopeWriteKvEqualsRotateThenConvert) {
+  const int n_kv = 3, hd = 20;
+  const int64_t width = n_kv * hd;
+  RopeParams rope;
+  rope.n_rot = 12;
+  rope.neox = true;
+  ThreadPool tp(2);
+  for (int64_t n_rows : {1, 40}) {
+    std::vector<int32_t> pos(static_cast<size_t>(n_rows));
+    for (int64_t i = 0; i < n_rows; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(3 * i + 1);
+    std::vector<float> cs(static_cast<size_t>(n_rows * 6)), sn(cs.size());
+    rope_angles(pos.data(), n_rows, rope, cs.data(), sn.data());
+    std::mt19937 rng(static_cast<uint32_t>(n_rows));
+    std::uniform_real_distribution<float> u(-3, 3);
+    std::vector<float> k0(static_cast<size_t>(n_rows * width)), v(k0.size());
+    for (auto& f : k0) f = u(rng);
+    for (auto& f : v) f = u(rng);
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const size_t rb = dtype_row_bytes(t, width);
+      std::vector<float> k_rot = k0;
+      rope_apply(k_rot.data(), width, n_rows, n_kv, hd, rope, cs.data(), sn.data());
+      std::vector<uint8_t> want(rb * static_cast<size_t>(2 * n_rows));
+      for (int64_t r = 0; r < n_rows; ++r) {
+        convert_row(k_rot.data() + r * width, t, want.data() + static_cast<size_t>(2 * r) * rb, width);
+        convert_row(v.data() + r * width, t, want.data() + static_cast<size_t>(2 * r + 1) * rb, width);
+      }
+      for (Isa isa : supported_isas()) {
+        set_active_isa(isa);
+        std::vector<float> k = k0;
+        std::vector<uint8_t> got(want.size(), 0xEE);
+        std::vector<KvSlot> slots;
+        for (int64_t r = 0; r < n_rows; ++r)
+          slots.push_back({got.data() + static_cast<size_t>(2 * r) * rb, got.data() + static_cast<size_t>(2 * r + 1) * rb});
+        rope_write_kv(k.data(), v.data(), width, n_rows, n_kv, hd, rope, cs.data(), sn.data(), slots.data(), t, tp);
+        EXPECT_EQ(got, want) << isa_name(isa) << " " << dtype_name(t) << " rows " << n_rows;
+      }
+      set_active_isa(best_supported_isa());
+    }
   }
 }
 

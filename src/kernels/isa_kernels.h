@@ -91,6 +91,8 @@ struct AttentionTileArgs {
 
 using AttentionTileFn = void (*)(const AttentionTileArgs& args);
 using SiluMulFn = void (*)(float* g, const float* u, int64_t n);
+// f32 to a KV dtype (f32, f16, bf16), rounding to nearest even.
+using NarrowFn = void (*)(DType t, const float* x, uint8_t* out, int64_t n);
 
 struct IsaKernels {
   GemmFn gemm_f32;
@@ -99,6 +101,7 @@ struct IsaKernels {
   GemmFn gemm_q8_0;
   AttentionTileFn attention_tile;
   SiluMulFn silu_mul;
+  NarrowFn narrow;
 };
 
 extern const IsaKernels kScalarKernels;

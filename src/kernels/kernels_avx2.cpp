@@ -10,6 +10,7 @@
 
 #include "kernels/gemm_driver.h"
 #include "kernels/isa_kernels.h"
+#include "util/fp16.h"
 
 namespace tandem::kernels {
 namespace {
@@ -190,6 +191,20 @@ struct Vec {
       std::memcpy(dst + n8, tail, static_cast<size_t>(n - n8) * sizeof(float));
     }
   }
+  // n f32 values to a KV row; f16 by F16C, bf16 (no AVX2 instruction) as the scalar code does.
+  static void narrow(DType t, const float* src, uint8_t* dst, int64_t n) {
+    if (t == DType::kF32) return static_cast<void>(std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)));
+    auto* d16 = reinterpret_cast<uint16_t*>(dst);
+    int64_t i = 0;
+    if (t == DType::kF16) {
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d16 + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      for (; i < n; ++i) d16[i] = static_cast<uint16_t>(_cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      return;
+    }
+    for (; i < n; ++i) d16[i] = f32_to_bf16(src[i]);
+  }
   static void widen(DType t, const uint8_t* src, float* dst, int64_t n) {
     if (t == DType::kF16) return widen_as<LoadF16>(src, dst, n);
     if (t == DType::kBF16) return widen_as<LoadBF16>(src, dst, n);
@@ -205,7 +220,7 @@ struct Vec {
 namespace tandem::kernels {
 
 const IsaKernels kAvx2Kernels = {
-    gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, attention_tile_vec, silu_mul_vec,
+    gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, attention_tile_vec, silu_mul_vec, Vec::narrow,
 };
 
 }  // namespace tandem::kernels

@@ -8,6 +8,8 @@
 // token's result never depends on what else is in the batch.
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "kernels/gemm_driver.h"
 #include "kernels/isa_kernels.h"
 
@@ -259,6 +261,28 @@ struct Vec {
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
   }
+  // n f32 values to a KV row (f32, f16 or bf16), round to nearest even.
+  static void narrow(DType t, const float* src, uint8_t* dst, int64_t n) {
+    const int64_t n16 = n & ~int64_t{15};
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - n16)) - 1u);
+    auto* d16 = reinterpret_cast<uint16_t*>(dst);
+    switch (t) {
+      case DType::kF16:
+        for (int64_t i = 0; i < n16; i += 16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(d16 + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        if (n16 < n)
+          _mm256_mask_storeu_epi16(d16 + n16, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + n16), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        return;
+      case DType::kBF16:
+        for (int64_t i = 0; i < n16; i += 16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(d16 + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+        if (n16 < n) _mm256_mask_storeu_epi16(d16 + n16, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + n16)));
+        return;
+      default:
+        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+        return;
+    }
+  }
   // n elements of a KV row (f32, f16 or bf16) to f32.
   static void widen(DType t, const uint8_t* src, float* dst, int64_t n) {
     const int64_t n16 = n & ~int64_t{15};
@@ -288,7 +312,7 @@ struct Vec {
 namespace tandem::kernels {
 
 const IsaKernels kAvx512Kernels = {
-    gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, attention_tile_vec, silu_mul_vec,
+    gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, attention_tile_vec, silu_mul_vec, Vec::narrow,
 };
 
 }  // namespace tandem::kernels

@@ -78,6 +78,11 @@ struct Vec {
   static float reduce_max(V v) { return v; }
   static float first(V v) { return v; }
   static V exp(V x) { return std::exp(x); }
+  static void narrow(DType t, const float* src, uint8_t* dst, int64_t n) {
+    auto* d16 = reinterpret_cast<uint16_t*>(dst);
+    if (t == DType::kF32) return static_cast<void>(std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)));
+    for (int64_t i = 0; i < n; ++i) d16[i] = t == DType::kF16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
+  }
   static void widen(DType t, const uint8_t* src, float* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i)
       dst[i] = t == DType::kF16 ? load_f16(src, i) : t == DType::kBF16 ? load_bf16(src, i) : load_f32(src, i);
@@ -93,6 +98,7 @@ namespace tandem::kernels {
 
 const IsaKernels kScalarKernels = {
     gemm_plain<load_f32, 4>, gemm_plain<load_f16, 2>, gemm_plain<load_bf16, 2>, gemm_q8_0, attention_tile_vec, silu_mul_vec,
+    Vec::narrow,
 };
 
 }  // namespace tandem::kernels

@@ -9,6 +9,7 @@
 
 #include "gguf/gguf.h"
 #include "kernels/attention.h"
+#include "kernels/kv_write.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -236,6 +237,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   ws_.gate.resize(size(n, F));
   ws_.up.resize(size(n, F));
   ws_.cos.resize(size(n, half_rot));
+  ws_.kv_slots.resize(static_cast<size_t>(n));
   ws_.sin.resize(size(n, half_rot));
   // Attention's view of each sequence, and each row's KV slot.
   ws_.sequences.clear();
@@ -312,19 +314,19 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
       OpTimer timer(prof, Op::kRope);
       kernels::rope_apply(ws_.q.data(), q_dim, n, static_cast<int>(c.n_head), static_cast<int>(c.head_dim), rope,
                           ws_.cos.data(), ws_.sin.data());
-      kernels::rope_apply(ws_.k.data(), kv_dim, n, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), rope,
-                          ws_.cos.data(), ws_.sin.data());
     }
-    // Write K and V first: attention then reads every position, including this
-    // call's own, from the pool in the pool's dtype.
+    // K (rotated) and V go to the pool first: attention then reads every
+    // position, including this call's own, from the pool in the pool's dtype.
     {
       OpTimer timer(prof, Op::kKvWrite);
-      const DType kv_type = kv.shape().dtype;
       for (int64_t t = 0; t < n; ++t) {
         const auto [block, slot] = slot_of_row[static_cast<size_t>(t)];
-        kernels::convert_row(ws_.k.data() + t * kv_dim, kv_type, kv.k_row(block, static_cast<int>(l), slot), kv_dim);
-        kernels::convert_row(ws_.v.data() + t * kv_dim, kv_type, kv.v_row(block, static_cast<int>(l), slot), kv_dim);
+        ws_.kv_slots[static_cast<size_t>(t)] = {kv.k_row(block, static_cast<int>(l), slot),
+                                                kv.v_row(block, static_cast<int>(l), slot)};
       }
+      kernels::rope_write_kv(ws_.k.data(), ws_.v.data(), kv_dim, n, static_cast<int>(c.n_head_kv),
+                             static_cast<int>(c.head_dim), rope, ws_.cos.data(), ws_.sin.data(), ws_.kv_slots.data(),
+                             kv.shape().dtype, pool);
     }
     {
       OpTimer timer(prof, Op::kAttention);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/op_profile.h"
+#include "kernels/kv_write.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kv/kv_pool.h"
@@ -100,6 +101,7 @@ class Model {
   struct Workspace {
     std::vector<float> x, xn, q, k, v, attn, proj, gate, up, cos, sin, logits_in;
     std::vector<kernels::AttentionSequence> sequences;
+    std::vector<kernels::KvSlot> kv_slots;
   } ws_;
 };
 

@@ -15,8 +15,8 @@ enum class Op : uint8_t {
   kEmbed,      // token embedding rows
   kNorm,       // RMSNorm before attention and FFN (and per-head q/k norm)
   kQkv,        // Q, K, V projections (one grouped matmul) and their biases
-  kRope,
-  kKvWrite,    // K and V rows into the pool
+  kRope,       // the angles, and Q's rotation
+  kKvWrite,    // K rotated (RoPE) and K and V rows written into the pool, fused
   kAttention,  // paged attention
   kOutProj,    // attention output projection + residual
   kGateUp,     // gate and up projections (one grouped matmul)
