@@ -323,6 +323,24 @@ TEST(Kernels, Q8_0QuantizationErrorIsBoundedByHalfAStep) {
   }
 }
 
+// The fused RMSNorm -> Q8_0 quantization gives bitwise the blocks of the two steps.
+TEST(Kernels, RmsNormQ8_0EqualsNormThenQuantize) {
+  const int64_t n = 96, rows = 5;
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> u(-4, 4);
+  std::vector<float> x(static_cast<size_t>(rows * n)), w(static_cast<size_t>(n)), xn(x.size());
+  for (auto& f : x) f = u(rng);
+  for (auto& f : w) f = u(rng);
+  rms_norm(x.data(), n, w.data(), xn.data(), n, rows, n, 1e-5f);
+  std::vector<BlockQ8_0Act> want(static_cast<size_t>(rows * n / 32)), got(want.size());
+  for (int64_t r = 0; r < rows; ++r) quantize_row_q8_0(xn.data() + r * n, want.data() + r * (n / 32), n);
+  rms_norm_q8_0(x.data(), n, w.data(), got.data(), n / 32, rows, n, 1e-5f);
+  for (size_t b = 0; b < want.size(); ++b) {
+    EXPECT_EQ(std::memcmp(&got[b].d, &want[b].d, sizeof(float)), 0) << b;
+    EXPECT_EQ(std::memcmp(got[b].qs, want[b].qs, 32), 0) << b;
+  }
+}
+
 // The fused RoPE -> KV write stores bitwise what rotating and then converting
 // each row gives, in every variant, for one row (inline) and many (threaded),
 // with a partial rotation and a head size that leaves vector tails.

@@ -7,6 +7,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/dtype.h"
+#include "kernels/ops.h"
 #include "kernels/isa.h"
 
 namespace tandem::kernels {
@@ -18,11 +19,6 @@ struct BlockQ8_0 {
 };
 static_assert(sizeof(BlockQ8_0) == 34);
 
-// Activations quantized for the Q8_0 dot product (float scale for accuracy).
-struct BlockQ8_0Act {
-  float d;
-  int8_t qs[32];
-};
 
 // y[t * ldy + r] = dot(x row t, weight row r) for r in [row_begin, row_end),
 // t in [0, n_tokens). Each output element is reduced in one fixed order that

@@ -54,8 +54,13 @@ WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst) {
   return out;
 }
 
-void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, int64_t n_tokens,
-            ThreadPool& pool) {
+bool all_q8_0(std::span<const MatmulOutput> outputs) {
+  return std::all_of(outputs.begin(), outputs.end(), [](const MatmulOutput& o) { return o.w->type == DType::kQ8_0; });
+}
+
+void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool) {
+  const float* x = in.x;
+  const int64_t ldx = in.ldx;
   if (outputs.empty() || n_tokens == 0) return;
   TANDEM_ASSERT(outputs.size() <= kMaxOutputs);
   const int64_t k = outputs[0].w->cols;
@@ -70,13 +75,16 @@ void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, 
 
   // Q8_0 weights multiply activations quantized per row in blocks of 32; a
   // row's quantization depends on that row only.
-  thread_local std::vector<BlockQ8_0Act> xq;
-  int64_t ldxq = 0;
-  if (any_q8) {
+  TANDEM_ASSERT(x != nullptr || (in.xq != nullptr && all_q8_0(outputs)), "a matmul group needs its f32 input");
+  thread_local std::vector<BlockQ8_0Act> xq_scratch;
+  const BlockQ8_0Act* xq = in.xq;
+  int64_t ldxq = in.ldxq;
+  if (any_q8 && xq == nullptr) {
     TANDEM_ASSERT(k % 32 == 0, "q8_0 weights need a row length that is a multiple of 32");
     ldxq = k / 32;
-    xq.resize(static_cast<size_t>(ldxq * n_tokens));
-    BlockQ8_0Act* q = xq.data();
+    xq_scratch.resize(static_cast<size_t>(ldxq * n_tokens));
+    BlockQ8_0Act* q = xq_scratch.data();
+    xq = q;
     for_each_token(n_tokens, pool, [&](int64_t t) { quantize_row_q8_0(x + t * ldx, q + t * ldxq, k); });
   }
 
@@ -97,7 +105,7 @@ void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, 
   first_row[0] = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& o = outputs[i];
-    args[i] = GemmArgs{o.w->data, o.w->row_bytes, k,        x,   ldx, xq.data(), ldxq, xb.data(), k,
+    args[i] = GemmArgs{o.w->data, o.w->row_bytes, k,        x,   ldx, xq, ldxq, xb.data(), k,
                        n_tokens,  o.y,            o.ldy, o.w->group};
     if (o.w->type == DType::kBF16) {
       args[i].x = x_rounded.data();

@@ -17,6 +17,8 @@ class ThreadPool;
 
 namespace tandem::kernels {
 
+struct BlockQ8_0Act;
+
 // A weight matrix: `rows` rows of `cols` elements, row_bytes of data each (a
 // view). group == 1: plain row-major, as in a GGUF file. group == 8: rows
 // interleaved in groups of 8 by 64-byte chunks (Q8_0: by 34-byte blocks), the
@@ -45,10 +47,28 @@ struct MatmulOutput {
   int64_t ldy;
 };
 
+// The input rows of a matmul group: f32 (x, ldx floats apart) and/or already
+// quantized for Q8_0 weights (xq, ldxq blocks apart, e.g. by rms_norm_q8_0).
+// A group whose weights are all Q8_0 needs only xq; otherwise x is required,
+// and xq, when absent, is made from x.
+struct MatmulInput {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const BlockQ8_0Act* xq = nullptr;
+  int64_t ldxq = 0;
+};
+
 // Computes every output of the group in one parallel region (e.g. Q, K and V
 // together), so small products share one dispatch.
-void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, int64_t n_tokens,
-            ThreadPool& pool);
+void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool);
+
+inline void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, int64_t n_tokens,
+                   ThreadPool& pool) {
+  matmul(outputs, MatmulInput{x, ldx, nullptr, 0}, n_tokens, pool);
+}
+
+// Whether every matrix of the group is Q8_0 (so it can take MatmulInput::xq alone).
+bool all_q8_0(std::span<const MatmulOutput> outputs);
 
 inline void matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                    int64_t ldy, ThreadPool& pool) {

@@ -10,17 +10,39 @@
 
 namespace tandem::kernels {
 
+namespace {
+
+// 1 / rms of a row. Double accumulation: the sum of squares of a few thousand
+// values is where f32 would lose the most.
+float rms_scale(const float* x, int64_t n, float eps) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  return static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
+}
+
+}  // namespace
+
 void rms_norm(const float* x, int64_t ldx, const float* weight, float* out, int64_t ldo, int64_t n_rows,
               int64_t n, float eps) {
   for (int64_t r = 0; r < n_rows; ++r) {
     const float* xr = x + r * ldx;
     float* o = out + r * ldo;
-    // Double accumulation: the sum of squares of a few thousand values is where
-    // f32 would lose the most.
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i]) * xr[i];
-    const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
+    const float scale = rms_scale(xr, n, eps);
     for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * scale * weight[i];
+  }
+}
+
+void rms_norm_q8_0(const float* x, int64_t ldx, const float* weight, BlockQ8_0Act* out, int64_t ldq, int64_t n_rows,
+                   int64_t n, float eps) {
+  TANDEM_ASSERT(n % 32 == 0);
+  float block[32];
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * ldx;
+    const float scale = rms_scale(xr, n, eps);
+    for (int64_t b = 0; b < n / 32; ++b) {
+      for (int i = 0; i < 32; ++i) block[i] = xr[b * 32 + i] * scale * weight[b * 32 + i];
+      quantize_row_q8_0(block, out + r * ldq + b, 32);
+    }
   }
 }
 

@@ -9,11 +9,21 @@
 
 namespace tandem::kernels {
 
-struct BlockQ8_0Act;
+// Activations quantized for the Q8_0 dot product (float scale for accuracy).
+struct BlockQ8_0Act {
+  float d;
+  int8_t qs[32];
+};
 
 // out = x / sqrt(mean(x^2) + eps) * weight, for n_rows rows of n elements.
 void rms_norm(const float* x, int64_t ldx, const float* weight, float* out, int64_t ldo, int64_t n_rows,
               int64_t n, float eps);
+
+// rms_norm followed by quantize_row_q8_0, fused: no f32 copy of the
+// normalised rows is written (bitwise the same blocks as the two steps).
+// Rows go to out, ldq blocks apart; n a multiple of 32.
+void rms_norm_q8_0(const float* x, int64_t ldx, const float* weight, BlockQ8_0Act* out, int64_t ldq, int64_t n_rows,
+                   int64_t n, float eps);
 
 // Rotary position embedding, in place, on n_heads heads of head_dim per row.
 struct RopeParams {

@@ -210,6 +210,32 @@ void Model::check_batch(const Batch& b, const KvPool& kv) const {
   for (int32_t r : b.logit_rows) TANDEM_ASSERT(r >= 0 && r < b.n_rows(), "logit row out of range");
 }
 
+kernels::MatmulInput Model::norm_rows(const float* weight, std::span<const kernels::MatmulOutput> group, int64_t n,
+                                      ThreadPool& pool) {
+  OpTimer timer(profile_, Op::kNorm);
+  const int64_t E = config_.n_embd;
+  const float eps = config_.rms_eps;
+  // Rows across threads for a prompt; inline for a few decode rows.
+  constexpr int64_t kRowGrain = 16;
+  auto for_rows = [&](const auto& fn) {
+    if (n <= kRowGrain) return fn(0, n);
+    pool.parallel_for(n, kRowGrain, fn);
+  };
+  if (kernels::all_q8_0(group) && E % 32 == 0) {
+    // Fused: the normalised rows go straight into Q8_0 activation blocks.
+    const int64_t ldq = E / 32;
+    ws_.xq.resize(static_cast<size_t>(n * ldq));
+    for_rows([&](int64_t b, int64_t e) {
+      kernels::rms_norm_q8_0(ws_.x.data() + b * E, E, weight, ws_.xq.data() + b * ldq, ldq, e - b, E, eps);
+    });
+    return kernels::MatmulInput{nullptr, 0, ws_.xq.data(), ldq};
+  }
+  for_rows([&](int64_t b, int64_t e) {
+    kernels::rms_norm(ws_.x.data() + b * E, E, weight, ws_.xn.data() + b * E, E, e - b, E, eps);
+  });
+  return kernels::MatmulInput{ws_.xn.data(), E, nullptr, 0};
+}
+
 std::vector<float> Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool) {
   std::vector<float> logits(batch.logit_rows.size() * static_cast<size_t>(config_.n_vocab));
   forward(batch, kv, pool, logits.data());
@@ -286,14 +312,11 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& w = layers_[static_cast<size_t>(l)];
     {
-      OpTimer timer(prof, Op::kNorm);
-      kernels::rms_norm(ws_.x.data(), E, w.attn_norm, ws_.xn.data(), E, n, E, c.rms_eps);
-    }
-    {
-      OpTimer timer(prof, Op::kQkv);
       const kernels::MatmulOutput qkv[] = {{&w.wq, ws_.q.data(), q_dim}, {&w.wk, ws_.k.data(), kv_dim},
                                            {&w.wv, ws_.v.data(), kv_dim}};
-      kernels::matmul(qkv, ws_.xn.data(), E, n, pool);
+      const kernels::MatmulInput in = norm_rows(w.attn_norm, qkv, n, pool);
+      OpTimer timer(prof, Op::kQkv);
+      kernels::matmul(qkv, in, n, pool);
       account(Op::kQkv, {&w.wq, &w.wk, &w.wv}, n);
       if (w.bq != nullptr) {
         for (int64_t t = 0; t < n; ++t) {
@@ -341,13 +364,10 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
       kernels::add_inplace(ws_.x.data(), ws_.proj.data(), n * E);
     }
     {
-      OpTimer timer(prof, Op::kNorm);
-      kernels::rms_norm(ws_.x.data(), E, w.ffn_norm, ws_.xn.data(), E, n, E, c.rms_eps);
-    }
-    {
-      OpTimer timer(prof, Op::kGateUp);
       const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws_.gate.data(), F}, {&w.w_up, ws_.up.data(), F}};
-      kernels::matmul(gate_up, ws_.xn.data(), E, n, pool);
+      const kernels::MatmulInput in = norm_rows(w.ffn_norm, gate_up, n, pool);
+      OpTimer timer(prof, Op::kGateUp);
+      kernels::matmul(gate_up, in, n, pool);
       account(Op::kGateUp, {&w.w_gate, &w.w_up}, n);
     }
     {

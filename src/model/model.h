@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,10 @@ class Model {
  private:
   Model() = default;
   void check_batch(const Batch& batch, const KvPool& kv) const;
+  // RMSNorm of the residual rows (ws_.x) as the input of a matmul group:
+  // quantized directly for an all-Q8_0 group, else f32 rows in ws_.xn.
+  kernels::MatmulInput norm_rows(const float* weight, std::span<const kernels::MatmulOutput> group, int64_t n,
+                                 ThreadPool& pool);
 
   std::shared_ptr<const gguf::File> file_;
   ModelConfig config_;
@@ -102,6 +107,7 @@ class Model {
     std::vector<float> x, xn, q, k, v, attn, proj, gate, up, cos, sin, logits_in;
     std::vector<kernels::AttentionSequence> sequences;
     std::vector<kernels::KvSlot> kv_slots;
+    std::vector<kernels::BlockQ8_0Act> xq;
   } ws_;
 };
 
