@@ -1,5 +1,7 @@
 // `tandem bench model`: prompt processing, generation and batched decode
 // speed of one model, with a memory-bandwidth roofline for decode.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -32,7 +34,15 @@ struct BenchArgs {
   std::string kv_dtype = "f16";
   bool json = false;
   bool profile = false;
+  bool no_interleave = false;
 };
+
+// Peak resident memory of this process so far, in MiB (getrusage reports KiB on Linux).
+double max_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -87,7 +97,8 @@ void print_profile_json(const char* key, const OpProfile& p) {
 }
 
 void run_bench_model(const BenchArgs& a) {
-  LoadedModel lm = load_model(a.model_path, a.json);
+  LoadedModel lm = load_model(a.model_path, a.json, !a.no_interleave);
+  const double load_rss_mib = max_rss_mib();
   Model& model = *lm.model;
   const ModelConfig& c = model.config();
   ThreadPool pool(a.threads);
@@ -177,8 +188,9 @@ void run_bench_model(const BenchArgs& a) {
     for (size_t i = 0; i < r.batched_tps.size(); ++i)
       std::printf("%s\"%d\": %.2f", i ? ", " : "", r.batched_tps[i].first, r.batched_tps[i].second);
     std::printf("}, \"weight_bytes_per_token\": %.0f, \"memory_bandwidth_gbps\": %.2f, \"roofline_tg_tps\": %.2f, "
-                "\"roofline_ratio\": %.3f",
-                bytes_per_token, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps / roofline_tps);
+                "\"roofline_ratio\": %.3f, \"load_s\": %.3f, \"interleaved_bytes\": %llu, \"load_max_rss_mib\": %.1f",
+                bytes_per_token, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps / roofline_tps, lm.load_seconds,
+                static_cast<unsigned long long>(model.interleaved_bytes()), load_rss_mib);
     if (a.profile) {
       print_profile_json("profile_pp", r.pp_profile);
       print_profile_json("profile_tg", r.tg_profile);
@@ -198,6 +210,8 @@ void run_bench_model(const BenchArgs& a) {
   std::printf("roofline: %.1f MB of weights per decode step / %.2f GB/s measured read bandwidth = %.1f tokens/s "
               "possible; achieved %.1f = %.0f%%\n",
               bytes_per_token / 1e6, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps, 100.0 * r.tg_tps / roofline_tps);
+  std::printf("load: %.2f s, %.1f MB of weights interleaved, peak resident memory after load %.0f MiB\n",
+              lm.load_seconds, static_cast<double>(model.interleaved_bytes()) / 1e6, load_rss_mib);
   if (a.profile) {
     print_profile(("pp" + std::to_string(a.n_prompt)).c_str(), r.pp_profile);
     print_profile(("tg" + std::to_string(a.n_gen)).c_str(), r.tg_profile);
@@ -220,6 +234,8 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--batches", a->batches, "Sequence counts for batched decode")->delimiter(',');
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache type")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd->add_flag("--json", a->json, "Print the figures as one JSON object");
+  cmd->add_flag("--no-interleave", a->no_interleave,
+                "Keep the file's weight layout (to measure what interleaving at load costs and gains)");
   cmd->add_flag("--profile", a->profile,
                 "Also print a per-op time breakdown of prompt processing and generation");
   cmd->callback([a] { run_bench_model(*a); });

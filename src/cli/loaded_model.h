@@ -18,6 +18,7 @@ struct LoadedModel {
 };
 
 // Shows a progress line on stderr for files over 100 MB.
-LoadedModel load_model(const std::string& path, bool quiet = false);
+// interleave: LoadOptions::interleave_weights (off only to measure its effect).
+LoadedModel load_model(const std::string& path, bool quiet = false, bool interleave = true);
 
 }  // namespace tandem::cli

@@ -14,7 +14,7 @@ namespace {  // NOLINT(google-build-namespaces): see above
 
 // Decode (one token) walks rows in tiles of 8 for memory-level parallelism;
 // prefill walks blocks of 32 rows (kept in cache) and inside them tiles of
-// 4 rows x 5 tokens (the last tokens in one narrower tile). Every tile computes each element in the same order, so
+// 4 rows x kTokens tokens (the last tokens in one narrower tile). Every tile computes each element in the same order, so
 // the tiling never changes a result.
 // Rows [rb, re) of T tokens from t, in tiles of 4 rows.
 template <template <int, int> class Tile, int T>
@@ -24,8 +24,9 @@ void tile_rows(const GemmArgs& a, int64_t rb, int64_t re, int64_t t) {
   for (; r < re; ++r) Tile<1, T>::run(a, r, t);
 }
 
-template <template <int, int> class Tile>
+template <template <int, int> class Tile, int kTokens = 5>
 void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  static_assert(kTokens >= 2 && kTokens <= 6);
   if (a.n_tokens == 1) {
     int64_t r = row_begin;
     for (; r + 8 <= row_end; r += 8) Tile<8, 1>::run(a, r, 0);
@@ -36,12 +37,13 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const int64_t re = std::min(row_end, rb + kRowBlock);
     int64_t t = 0;
-    for (; t + 5 <= a.n_tokens; t += 5) tile_rows<Tile, 5>(a, rb, re, t);
-    // The last 1-4 tokens in one tile of that width, so that no token pays
-    // for a weight pass of its own (64 tokens: 30% of the time otherwise).
+    for (; t + kTokens <= a.n_tokens; t += kTokens) tile_rows<Tile, kTokens>(a, rb, re, t);
+    // The last tokens in one tile of that width, so that no token pays for a
+    // weight pass of its own (64 tokens: 30% of the time otherwise).
     switch (a.n_tokens - t) {
-      case 4: tile_rows<Tile, 4>(a, rb, re, t); break;
-      case 3: tile_rows<Tile, 3>(a, rb, re, t); break;
+      case 5: if constexpr (kTokens > 5) tile_rows<Tile, 5>(a, rb, re, t); break;
+      case 4: if constexpr (kTokens > 4) tile_rows<Tile, 4>(a, rb, re, t); break;
+      case 3: if constexpr (kTokens > 3) tile_rows<Tile, 3>(a, rb, re, t); break;
       case 2: tile_rows<Tile, 2>(a, rb, re, t); break;
       case 1: tile_rows<Tile, 1>(a, rb, re, t); break;
       default: break;

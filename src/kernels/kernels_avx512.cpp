@@ -107,8 +107,49 @@ inline float hsum256(__m256 v) {
 // exactly what the single-token path computes (the same int32 lane sums, the
 // same float product dw * dx, the same FMA, the same final hsum256), so a
 // token's result does not depend on whether it was paired.
+// Decode (one token): rows are taken in pairs the same way, one row per half,
+// against the token's block broadcast to both halves.
+template <int R>
+inline void tile_q8_0_rows(const GemmArgs& a, int64_t r0, int64_t t0) {
+  static_assert(R % 2 == 0);
+  __m512 acc[R / 2];
+  for (int p = 0; p < R / 2; ++p) acc[p] = _mm512_setzero_ps();
+  const uint8_t* w[R];
+  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kQ8ChunkBytes);
+  const BlockQ8_0Act* x = a.xq + t0 * a.ldxq;
+  const int64_t n_blocks = a.k / 32;
+  const size_t block_stride = static_cast<size_t>(kQ8ChunkBytes * a.w_group);
+  const size_t prefetch = kPrefetchLines * kFloatChunkBytes * static_cast<size_t>(a.w_group);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    const __m512 dx = _mm512_set1_ps(x[b].d);
+    for (int p = 0; p < R / 2; ++p) {
+      const auto* b0 = reinterpret_cast<const BlockQ8_0*>(w[2 * p] + static_cast<size_t>(b) * block_stride);
+      const auto* b1 = reinterpret_cast<const BlockQ8_0*>(w[2 * p + 1] + static_cast<size_t>(b) * block_stride);
+      _mm_prefetch(reinterpret_cast<const char*>(b0) + prefetch, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b1) + prefetch, _MM_HINT_T0);
+      const __m512i wv =
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0->qs))),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1->qs)), 1);
+      const __m512i xs = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), xv);
+      const __m512 s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), xs));
+      const __m512 dw = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(_cvtsh_ss(b0->d))),
+                                           _mm256_set1_ps(_cvtsh_ss(b1->d)), 1);
+      acc[p] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, dx), acc[p]);
+    }
+  }
+  for (int p = 0; p < R / 2; ++p) {
+    a.y[t0 * a.ldy + r0 + 2 * p] = hsum256(_mm512_castps512_ps256(acc[p]));
+    a.y[t0 * a.ldy + r0 + 2 * p + 1] = hsum256(_mm512_extractf32x8_ps(acc[p], 1));
+  }
+}
+
 template <int R, int T>
 inline void tile_q8_0(const GemmArgs& a, int64_t r0, int64_t t0) {
+  if constexpr (T == 1 && R % 2 == 0) {
+    tile_q8_0_rows<R>(a, r0, t0);
+    return;
+  }
   constexpr int P = T / 2;
   constexpr bool kOdd = T % 2 == 1;
   __m512 acc2[R][P > 0 ? P : 1];
@@ -225,7 +266,8 @@ struct Q8Tile {
 void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF32>::Fn>(a, b, e); }
 void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF16>::Fn>(a, b, e); }
 void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Bf16Tile>(a, b, e); }
-void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile>(a, b, e); }
+// Q8_0 pairs tokens, so its prompt tiles are 6 tokens wide (three pairs).
+void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile, 6>(a, b, e); }
 
 // The vector type of vector_algorithms.h.
 struct Vec {

@@ -57,13 +57,13 @@ void attention_tile_vec(const AttentionTileArgs& a) {
   const size_t head_offset = static_cast<size_t>(a.kv_head) * head_bytes;
   const int hd_vec = hd / W * W;
 
-  thread_local std::vector<float> kt, vf, row, scores, out, run_max, run_sum;
+  thread_local std::vector<float> kt, kf, vf, scores, out, run_max, run_sum;
   // Stale values in kt's padding lanes and in `out` are never used: padding
   // scores are overwritten with -inf, and block 0 (which every query visits
   // first) starts its output sums from zero.
   kt.resize(static_cast<size_t>(hd) * static_cast<size_t>(bs_pad));
   vf.resize(static_cast<size_t>(bs) * static_cast<size_t>(hd));
-  row.resize(static_cast<size_t>(hd));
+  kf.resize(static_cast<size_t>(bs) * static_cast<size_t>(hd));
   scores.resize(static_cast<size_t>(bs_pad));
   out.resize(static_cast<size_t>(n_queries * hd));
   run_max.assign(static_cast<size_t>(n_queries), -std::numeric_limits<float>::infinity());
@@ -71,16 +71,36 @@ void attention_tile_vec(const AttentionTileArgs& a) {
 
   const int32_t last_position = a.first_position + a.n_rows - 1;
   const int32_t n_blocks = last_position / bs + 1;
+  // This head's K and V rows of a block are short pieces (head_bytes) a row
+  // apart, usually not in cache in decode: ask for a block's lines one block
+  // ahead, or the loads below wait on memory one after another.
+  auto prefetch_block = [&](int32_t b) {
+    const uint8_t* block = kv.base + static_cast<size_t>(a.block_table[b]) * kv.block_bytes;
+    const int rows = std::min(bs, last_position - b * bs + 1);
+    for (int j = 0; j < rows; ++j) {
+      for (size_t off = 0; off < head_bytes; off += 64) {
+        __builtin_prefetch(block + kv.k_offset + static_cast<size_t>(j) * kv.row_bytes + head_offset + off);
+        __builtin_prefetch(block + kv.v_offset + static_cast<size_t>(j) * kv.row_bytes + head_offset + off);
+      }
+    }
+  };
+  prefetch_block(0);
   for (int32_t b = 0; b < n_blocks; ++b) {
+    if (b + 1 < n_blocks) prefetch_block(b + 1);
     const int32_t block_first = b * bs;
     const int n_valid = std::min(bs, last_position - block_first + 1);
     const uint8_t* block = kv.base + static_cast<size_t>(a.block_table[b]) * kv.block_bytes;
+    // Widen every K row first and transpose afterwards: reading a value back
+    // right after its vector store stalls store-to-load forwarding (it cost
+    // most of the attention time when done row by row).
     for (int j = 0; j < n_valid; ++j) {
-      Vec::widen(kv.dtype, block + kv.k_offset + static_cast<size_t>(j) * kv.row_bytes + head_offset, row.data(), hd);
-      for (int d = 0; d < hd; ++d) kt[static_cast<size_t>(d * bs_pad + j)] = row[static_cast<size_t>(d)];
+      Vec::widen(kv.dtype, block + kv.k_offset + static_cast<size_t>(j) * kv.row_bytes + head_offset,
+                 kf.data() + static_cast<size_t>(j) * static_cast<size_t>(hd), hd);
       Vec::widen(kv.dtype, block + kv.v_offset + static_cast<size_t>(j) * kv.row_bytes + head_offset,
                  vf.data() + static_cast<size_t>(j) * static_cast<size_t>(hd), hd);
     }
+    for (int j = 0; j < n_valid; ++j)
+      for (int d = 0; d < hd; ++d) kt[static_cast<size_t>(d * bs_pad + j)] = kf[static_cast<size_t>(j * hd + d)];
     // Rows before the block's first position do not reach it.
     const int first_row = std::max(0, block_first - a.first_position);
     for (int t = first_row; t < a.n_rows; ++t) {

@@ -72,20 +72,18 @@ const float* vector_f32(const gguf::File& f, const std::string& name, int64_t n,
   return reinterpret_cast<const float*>(t->data);
 }
 
-// Reads one byte per page of each range, reporting progress over all of them.
-void prefault(std::span<const std::pair<const uint8_t*, uint64_t>> ranges, const LoadOptions& options) {
-  uint64_t total = 0, done = 0;
-  for (const auto& r : ranges) total += r.second;
+// Reads one byte per page of each range; progress continues from `done` of `total`.
+void prefault(std::span<const std::pair<const uint8_t*, uint64_t>> ranges, uint64_t done, uint64_t total,
+              const LoadOptions& options) {
   constexpr uint64_t kPage = 4096;
   constexpr uint64_t kReportEvery = 16ull << 20;
   volatile uint8_t sink = 0;
   for (const auto& [base, n] : ranges) {
     for (uint64_t off = 0; off < n; off += kPage, done += kPage) {
       sink = static_cast<uint8_t>(sink + base[off]);
-      if (options.progress && done % kReportEvery == 0) options.progress(done, total);
+      if (options.progress && done % kReportEvery == 0) options.progress(std::min(done, total), total);
     }
   }
-  if (options.progress) options.progress(total, total);
 }
 
 uint64_t matrix_bytes(const WeightMatrix& w) { return static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows); }
@@ -145,6 +143,17 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
     copied.push_back(x->data);
   }
   std::sort(copied.begin(), copied.end());
+  // The rest of the tensors are paged in afterwards (interleaving reads the matrices).
+  std::vector<std::pair<const uint8_t*, uint64_t>> rest;
+  uint64_t rest_bytes = 0;
+  if (options.prefault) {
+    for (const gguf::TensorInfo& t : f.tensors()) {
+      if (std::binary_search(copied.begin(), copied.end(), t.data)) continue;
+      rest.emplace_back(t.data, t.n_bytes);
+      rest_bytes += t.n_bytes;
+    }
+  }
+  const uint64_t total = interleaved_bytes + rest_bytes;
   if (interleaved_bytes > 0) {
     m->interleaved_ = AnonymousMemory(interleaved_bytes);
     uint64_t offset = 0;
@@ -153,16 +162,11 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
       *x = kernels::interleave_rows(plain, m->interleaved_.data() + offset);
       offset += matrix_bytes(plain);
       f.drop_pages(plain.data, matrix_bytes(plain));
-      if (options.progress) options.progress(offset, interleaved_bytes);
+      if (options.progress) options.progress(offset, total);
     }
   }
-  if (options.prefault) {
-    // The rest of the tensors (interleaving already read the matrices).
-    std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
-    for (const gguf::TensorInfo& t : f.tensors())
-      if (!std::binary_search(copied.begin(), copied.end(), t.data)) ranges.emplace_back(t.data, t.n_bytes);
-    prefault(ranges, options);
-  }
+  prefault(rest, interleaved_bytes, total, options);
+  if (options.progress && total > 0) options.progress(total, total);
   return m;
 }
 
