@@ -24,11 +24,13 @@ void tile_rows(const GemmArgs& a, int64_t rb, int64_t re, int64_t t) {
   for (; r < re; ++r) Tile<1, T>::run(a, r, t);
 }
 
-template <template <int, int> class Tile, int kTokens = 5>
+template <template <int, int> class Tile, int kTokens = 5, int kDecodeRows = 8>
 void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   static_assert(kTokens >= 2 && kTokens <= 6);
   if (a.n_tokens == 1) {
     int64_t r = row_begin;
+    if constexpr (kDecodeRows > 8)
+      for (; r + kDecodeRows <= row_end; r += kDecodeRows) Tile<kDecodeRows, 1>::run(a, r, 0);
     for (; r + 8 <= row_end; r += 8) Tile<8, 1>::run(a, r, 0);
     for (; r < row_end; ++r) Tile<1, 1>::run(a, r, 0);
     return;

@@ -263,11 +263,12 @@ struct Q8Tile {
   static void run(const GemmArgs& a, int64_t r, int64_t t) { tile_q8_0<R, T>(a, r, t); }
 };
 
-void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF32>::Fn>(a, b, e); }
-void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF16>::Fn>(a, b, e); }
-void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Bf16Tile>(a, b, e); }
+// Decode tiles of 16 rows: two interleaved groups, two memory streams per thread.
+void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF32>::Fn, 5, 16>(a, b, e); }
+void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF16>::Fn, 5, 16>(a, b, e); }
+void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Bf16Tile, 5, 16>(a, b, e); }
 // Q8_0 pairs tokens, so its prompt tiles are 6 tokens wide (three pairs).
-void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile, 6>(a, b, e); }
+void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile, 6, 16>(a, b, e); }
 
 // The vector type of vector_algorithms.h.
 struct Vec {
