@@ -145,11 +145,19 @@ inline void tile_q8_0_rows(const GemmArgs& a, int64_t r0, int64_t t0) {
 }
 
 template <int R, int T>
+inline void tile_q8_0_tokens(const GemmArgs& a, int64_t r0, int64_t t0);
+
+template <int R, int T>
 inline void tile_q8_0(const GemmArgs& a, int64_t r0, int64_t t0) {
   if constexpr (T == 1 && R % 2 == 0) {
     tile_q8_0_rows<R>(a, r0, t0);
-    return;
+  } else {
+    tile_q8_0_tokens<R, T>(a, r0, t0);
   }
+}
+
+template <int R, int T>
+inline void tile_q8_0_tokens(const GemmArgs& a, int64_t r0, int64_t t0) {
   constexpr int P = T / 2;
   constexpr bool kOdd = T % 2 == 1;
   __m512 acc2[R][P > 0 ? P : 1];

@@ -23,11 +23,8 @@ void rope_write_kv(float* k, const float* v, int64_t ld, int64_t n_rows, int n_h
       narrow(dtype, v + t * ld, slots[t].v, width);
     }
   };
-  if (n_rows <= kRowGrain) {
-    rows(0, n_rows);  // a decode step: a parallel region would cost more than the rows
-  } else {
-    pool.parallel_for(n_rows, kRowGrain, rows);
-  }
+  // A decode step (up to kRowGrain rows) is one chunk, which parallel_for runs inline.
+  pool.parallel_for(n_rows, kRowGrain, rows);
 }
 
 }  // namespace tandem::kernels

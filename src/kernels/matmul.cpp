@@ -16,16 +16,6 @@ namespace {
 constexpr int64_t kRowGrain = 8;
 constexpr size_t kMaxOutputs = 8;
 
-// Per-token preparation of the activations (quantization, rounding): across
-// threads for a prompt, inline for one token (a parallel region costs more).
-template <typename Fn>
-void for_each_token(int64_t n_tokens, ThreadPool& pool, const Fn& fn) {
-  if (n_tokens == 1) return fn(0);
-  pool.parallel_for(n_tokens, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) fn(t);
-  });
-}
-
 int64_t chunk_bytes(DType t) { return t == DType::kQ8_0 ? kQ8ChunkBytes : kFloatChunkBytes; }
 
 }  // namespace
@@ -85,7 +75,10 @@ void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_
     xq_scratch.resize(static_cast<size_t>(ldxq * n_tokens));
     BlockQ8_0Act* q = xq_scratch.data();
     xq = q;
-    for_each_token(n_tokens, pool, [&](int64_t t) { quantize_row_q8_0(x + t * ldx, q + t * ldxq, k); });
+    // Per token, across threads for a prompt (one token runs inline: parallel_for's single chunk).
+    pool.parallel_for(n_tokens, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) quantize_row_q8_0(x + t * ldx, q + t * ldxq, k);
+    });
   }
 
   // bf16 weights: the activations rounded to bf16, once, as f32 and as bf16.
@@ -96,7 +89,9 @@ void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_
     xb.resize(x_rounded.size());
     uint16_t* b16 = xb.data();
     float* f32 = x_rounded.data();
-    for_each_token(n_tokens, pool, [&](int64_t t) { round_row_bf16(x + t * ldx, b16 + t * k, f32 + t * k, k); });
+    pool.parallel_for(n_tokens, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) round_row_bf16(x + t * ldx, b16 + t * k, f32 + t * k, k);
+    });
   }
 
   const IsaKernels& isa = active_kernels();

@@ -219,22 +219,18 @@ kernels::MatmulInput Model::norm_rows(const float* weight, std::span<const kerne
   OpTimer timer(profile_, Op::kNorm);
   const int64_t E = config_.n_embd;
   const float eps = config_.rms_eps;
-  // Rows across threads for a prompt; inline for a few decode rows.
+  // Rows across threads for a prompt; a few decode rows are one chunk, run inline.
   constexpr int64_t kRowGrain = 16;
-  auto for_rows = [&](const auto& fn) {
-    if (n <= kRowGrain) return fn(0, n);
-    pool.parallel_for(n, kRowGrain, fn);
-  };
   if (kernels::all_q8_0(group) && E % 32 == 0) {
     // Fused: the normalised rows go straight into Q8_0 activation blocks.
     const int64_t ldq = E / 32;
     ws_.xq.resize(static_cast<size_t>(n * ldq));
-    for_rows([&](int64_t b, int64_t e) {
+    pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
       kernels::rms_norm_q8_0(ws_.x.data() + b * E, E, weight, ws_.xq.data() + b * ldq, ldq, e - b, E, eps);
     });
     return kernels::MatmulInput{nullptr, 0, ws_.xq.data(), ldq};
   }
-  for_rows([&](int64_t b, int64_t e) {
+  pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
     kernels::rms_norm(ws_.x.data() + b * E, E, weight, ws_.xn.data() + b * E, E, e - b, E, eps);
   });
   return kernels::MatmulInput{ws_.xn.data(), E, nullptr, 0};
