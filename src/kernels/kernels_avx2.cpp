@@ -136,10 +136,13 @@ struct Q8Tile {
   static void run(const GemmArgs& a, int64_t r, int64_t t) { tile_q8_0<R, T>(a, r, t); }
 };
 
-void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF32>::Fn>(a, b, e); }
-void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF16>::Fn>(a, b, e); }
-void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadBF16>::Fn>(a, b, e); }
-void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile>(a, b, e); }
+// Tiles of 4 rows x 5 tokens over 32-row and 125-token blocks.
+constexpr GemmPlan kPlan{4, 5, 8, 32, 125};
+
+void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF32>::Fn, kPlan>(a, b, e); }
+void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF16>::Fn, kPlan>(a, b, e); }
+void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadBF16>::Fn, kPlan>(a, b, e); }
+void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile, kPlan>(a, b, e); }
 
 // The vector type of vector_algorithms.h.
 struct Vec {
