@@ -56,10 +56,39 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   constexpr int64_t kTokenBlock = P.token_block / kTokens * kTokens;
   for (int64_t tb = 0; tb < a.n_tokens; tb += kTokenBlock) {
     const int64_t te = std::min(a.n_tokens, tb + kTokenBlock);
+    // A last tile of one token would cost about as much as a full one: the
+    // last kTokens + 1 tokens go as two tiles of two instead (64 tokens in
+    // tiles of 3: 20 x 3 + 2 x 2).
+    const bool split_tail = kTokens == 3 && (te - tb) % 3 == 1 && te - tb > 3;
+    const int64_t full_end = split_tail ? te - 4 : te - (te - tb) % kTokens;
+    const int64_t n_tiles = (full_end - tb) / kTokens + 2;
     for (int64_t rb = row_begin; rb < row_end; rb += P.row_block) {
       const int64_t re = std::min(row_end, rb + P.row_block);
+      // The weights of the block that comes next, fetched a slice per tile:
+      // otherwise its first tile waits for memory with nothing else to do
+      // (small F16, batched decode x64: ...).
+      const int64_t next = re < row_end ? re : te < a.n_tokens ? row_begin : row_end;
+      const int64_t next_end = std::min(row_end, next + P.row_block);
+      const auto* next_w = a.w + static_cast<size_t>(next) * a.w_row_bytes;
+      const int64_t next_lines = (next_end - next) * static_cast<int64_t>(a.w_row_bytes) / 64;
+      int64_t tile = 0;
+      auto prefetch_slice = [&] {
+        for (int64_t l = next_lines * tile / n_tiles; l < next_lines * (tile + 1) / n_tiles; ++l)
+          __builtin_prefetch(next_w + l * 64, 0, 3);
+        ++tile;
+      };
       int64_t t = tb;
-      for (; t + kTokens <= te; t += kTokens) tile_rows<Tile, kRows, kTokens>(a, rb, re, t);
+      for (; t < full_end; t += kTokens) {
+        prefetch_slice();
+        tile_rows<Tile, kRows, kTokens>(a, rb, re, t);
+      }
+      prefetch_slice();
+      if (split_tail) {
+        tile_rows<Tile, kRows, 2>(a, rb, re, t);
+        prefetch_slice();
+        tile_rows<Tile, kRows, 2>(a, rb, re, t + 2);
+        continue;
+      }
       // The last tokens in one tile of that width, so that no token pays for a
       // weight pass of its own (64 tokens: 30% of the time otherwise).
       switch (te - t) {
