@@ -344,15 +344,15 @@ TEST(Kernels, RmsNormQ8_0EqualsNormThenQuantize) {
 }
 
 // The fused RoPE -> KV write stores bitwise what rotating and then converting
-// each row gives, in every variant, for one row (inline) and many (threaded),
-// with a partial rotation and a head size that leaves vector tails.
+// each row gives, in every variant, for one row and many, written in two head
+// ranges (as two threads' matmul epilogues do), with a partial rotation and a
+// head size that leaves vector tails.
 TEST(Kernels, RopeWriteKvEqualsRotateThenConvert) {
   const int n_kv = 3, hd = 20;
   const int64_t width = n_kv * hd;
   RopeParams rope;
   rope.n_rot = 12;
   rope.neox = true;
-  ThreadPool tp(2);
   for (int64_t n_rows : {1, 40}) {
     std::vector<int32_t> pos(static_cast<size_t>(n_rows));
     for (int64_t i = 0; i < n_rows; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(3 * i + 1);
@@ -379,7 +379,10 @@ TEST(Kernels, RopeWriteKvEqualsRotateThenConvert) {
         std::vector<KvSlot> slots;
         for (int64_t r = 0; r < n_rows; ++r)
           slots.push_back({got.data() + static_cast<size_t>(2 * r) * rb, got.data() + static_cast<size_t>(2 * r + 1) * rb});
-        rope_write_kv(k.data(), v.data(), width, n_rows, n_kv, hd, rope, cs.data(), sn.data(), slots.data(), t, tp);
+        for (auto [h0, h1] : {std::pair{0, 1}, std::pair{1, n_kv}}) {
+          rope_write_k(k.data(), width, n_rows, h0, h1, hd, rope, cs.data(), sn.data(), slots.data(), t);
+          write_v(v.data(), width, n_rows, h0, h1, hd, slots.data(), t);
+        }
         EXPECT_EQ(got, want) << isa_name(isa) << " " << dtype_name(t) << " rows " << n_rows;
       }
       set_active_isa(best_supported_isa());

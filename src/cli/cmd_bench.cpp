@@ -86,6 +86,8 @@ void print_profile(const char* phase, const OpProfile& p) {
       std::printf(" %10s %12s\n", "-", "-");
     }
   }
+  std::printf("  (matmul epilogues: qkv includes biases, RoPE and the K/V write; gate_up SwiGLU; out_proj and down "
+              "the residual add)\n");
 }
 
 void print_profile_json(const char* key, const OpProfile& p) {

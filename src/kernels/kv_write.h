@@ -1,16 +1,14 @@
 // The fused RoPE -> KV write: K rows are rotated and stored into their KV
 // slots in one pass per row (while the row is in cache), V rows are stored
 // beside them, and neither is kept as f32 afterwards: attention reads the pool.
+// Both work on a range of heads, so that the thread that has just computed
+// those heads' K or V rows (a matmul epilogue) writes them.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
-
-namespace tandem {
-class ThreadPool;
-}
 
 namespace tandem::kernels {
 
@@ -20,10 +18,14 @@ struct KvSlot {
   uint8_t* v = nullptr;
 };
 
-// Rows of k (rotated in place) and v, ld floats apart, n_heads_kv heads of
-// head_dim each; rows are split across threads.
-void rope_write_kv(float* k, const float* v, int64_t ld, int64_t n_rows, int n_heads_kv, int head_dim,
-                   const RopeParams& rope, const float* cos_t, const float* sin_t, const KvSlot* slots, DType dtype,
-                   ThreadPool& pool);
+// Heads [head_begin, head_end) of n_rows K rows, ld floats apart: rotated in
+// place and stored into each row's K slot.
+void rope_write_k(float* k, int64_t ld, int64_t n_rows, int head_begin, int head_end, int head_dim,
+                  const RopeParams& rope, const float* cos_t, const float* sin_t, const KvSlot* slots, DType dtype);
+
+// Heads [head_begin, head_end) of n_rows V rows, ld floats apart, stored into
+// each row's V slot.
+void write_v(const float* v, int64_t ld, int64_t n_rows, int head_begin, int head_end, int head_dim,
+             const KvSlot* slots, DType dtype);
 
 }  // namespace tandem::kernels

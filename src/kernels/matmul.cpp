@@ -12,8 +12,6 @@
 namespace tandem::kernels {
 namespace {
 
-// Rows handed to a thread are multiples of this, so decode tiles stay whole.
-constexpr int64_t kRowGrain = 8;
 constexpr size_t kMaxOutputs = 8;
 
 int64_t chunk_bytes(DType t) { return t == DType::kQ8_0 ? kQ8ChunkBytes : kFloatChunkBytes; }
@@ -48,7 +46,8 @@ bool all_q8_0(std::span<const MatmulOutput> outputs) {
   return std::all_of(outputs.begin(), outputs.end(), [](const MatmulOutput& o) { return o.w->type == DType::kQ8_0; });
 }
 
-void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool) {
+void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool,
+            const MatmulSplit& split, const MatmulEpilogue& epilogue) {
   const float* x = in.x;
   const int64_t ldx = in.ldx;
   if (outputs.empty() || n_tokens == 0) return;
@@ -109,12 +108,29 @@ void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_
     first_row[i + 1] = first_row[i] + o.w->rows;
   }
 
-  // Split the concatenated row space of all outputs across threads.
-  pool.parallel_for(total_rows, kRowGrain, [&](int64_t begin, int64_t end) {
+  TANDEM_ASSERT(split.row_grain > 0);
+  if (epilogue && !split.same_rows)
+    for (size_t i = 0; i + 1 < outputs.size(); ++i)
+      TANDEM_ASSERT(outputs[i].w->rows % split.row_grain == 0, "an epilogue needs outputs of whole row grains");
+  auto run = [&](size_t i, int64_t b, int64_t e) {
+    gemm_for(isa, outputs[i].w->type)(args[i], b, e);
+    if (epilogue) epilogue(i, b, e);
+  };
+  if (split.same_rows) {
+    // The same range of every output.
+    const int64_t rows = outputs[0].w->rows;
+    for (const auto& o : outputs) TANDEM_ASSERT(o.w->rows == rows, "same_rows needs outputs of equal rows");
+    pool.parallel_for(rows, split.row_grain, [&](int64_t begin, int64_t end) {
+      for (size_t i = 0; i < outputs.size(); ++i) run(i, begin, end);
+    });
+    return;
+  }
+  // The concatenated row space of all outputs.
+  pool.parallel_for(total_rows, split.row_grain, [&](int64_t begin, int64_t end) {
     for (size_t i = 0; i < outputs.size(); ++i) {
       const int64_t b = std::max(begin, first_row[i]);
       const int64_t e = std::min(end, first_row[i + 1]);
-      if (b < e) gemm_for(isa, outputs[i].w->type)(args[i], b - first_row[i], e - first_row[i]);
+      if (b < e) run(i, b - first_row[i], e - first_row[i]);
     }
   });
 }

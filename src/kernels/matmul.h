@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "kernels/dtype.h"
@@ -58,9 +59,28 @@ struct MatmulInput {
   int64_t ldxq = 0;
 };
 
+// How a group's rows are cut across threads.
+struct MatmulSplit {
+  // Thread ranges start and end on multiples of this: 8 keeps decode tiles
+  // whole; a per-head epilogue needs whole heads (then every output's rows
+  // but the last must be a multiple of it).
+  int64_t row_grain = 8;
+  // Outputs of equal rows (gate and up): each thread computes the same row
+  // range of every output, so an epilogue can combine them.
+  bool same_rows = false;
+};
+
+// Work a thread does on outputs it has just computed, in the same parallel
+// region: rows [row_begin, row_end) of output `index`, for every token, called
+// once per output range in output order. Element-wise steps that follow a
+// matmul (bias, RoPE, the K/V write, SwiGLU, the residual add) go here instead
+// of into a parallel region and a barrier of their own.
+using MatmulEpilogue = std::function<void(size_t index, int64_t row_begin, int64_t row_end)>;
+
 // Computes every output of the group in one parallel region (e.g. Q, K and V
 // together), so small products share one dispatch.
-void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool);
+void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool,
+            const MatmulSplit& split = {}, const MatmulEpilogue& epilogue = {});
 
 inline void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, int64_t n_tokens,
                    ThreadPool& pool) {

@@ -5,6 +5,7 @@
 #include <span>
 #include <cmath>
 #include <initializer_list>
+#include <numeric>
 #include <cstring>
 
 #include "gguf/gguf.h"
@@ -309,47 +310,67 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   }
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
+  // Each row's K and V slots in the pool (the same for every layer but the
+  // layer index).
+  auto kv_slots_of_layer = [&](int64_t l) {
+    for (int64_t t = 0; t < n; ++t) {
+      const auto [block, slot] = slot_of_row[static_cast<size_t>(t)];
+      ws_.kv_slots[static_cast<size_t>(t)] = {kv.k_row(block, static_cast<int>(l), slot),
+                                              kv.v_row(block, static_cast<int>(l), slot)};
+    }
+  };
+  const int hd = static_cast<int>(c.head_dim);
+  // QKV threads take whole heads (the epilogue ropes and writes per head), and
+  // whole decode tiles where the shapes allow.
+  kernels::MatmulSplit qkv_split{std::lcm(c.head_dim, int64_t{8})};
+  if (q_dim % qkv_split.row_grain != 0 || kv_dim % qkv_split.row_grain != 0) qkv_split.row_grain = c.head_dim;
+  // The residual add, in the epilogue of out_proj and down: rows [b, e) of
+  // proj into x, every token.
+  auto add_residual = [&](size_t, int64_t b, int64_t e) {
+    for (int64_t t = 0; t < n; ++t) kernels::add_inplace(ws_.x.data() + t * E + b, ws_.proj.data() + t * E + b, e - b);
+  };
+  // SwiGLU, in the epilogue of gate/up: with the same_rows split a thread
+  // computes the same rows of both, up's range right after gate's.
+  auto swiglu = [&](size_t index, int64_t b, int64_t e) {
+    if (index != 1) return;
+    for (int64_t t = 0; t < n; ++t) kernels::silu_mul(ws_.gate.data() + t * F + b, ws_.up.data() + t * F + b, e - b);
+  };
+
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& w = layers_[static_cast<size_t>(l)];
+    kv_slots_of_layer(l);
     {
       const kernels::MatmulOutput qkv[] = {{&w.wq, ws_.q.data(), q_dim}, {&w.wk, ws_.k.data(), kv_dim},
                                            {&w.wv, ws_.v.data(), kv_dim}};
       const kernels::MatmulInput in = norm_rows(w.attn_norm, qkv, n, pool);
       OpTimer timer(prof, Op::kQkv);
-      kernels::matmul(qkv, in, n, pool);
-      account(Op::kQkv, {&w.wq, &w.wk, &w.wv}, n);
-      if (w.bq != nullptr) {
-        for (int64_t t = 0; t < n; ++t) {
-          kernels::add_inplace(ws_.q.data() + t * q_dim, w.bq, q_dim);
-          kernels::add_inplace(ws_.k.data() + t * kv_dim, w.bk, kv_dim);
-          kernels::add_inplace(ws_.v.data() + t * kv_dim, w.bv, kv_dim);
+      // Per head range [b, e) of Q, K or V, every token: bias, per-head norm,
+      // RoPE; K and V then go to the pool (attention reads every position,
+      // this call's own included, from the pool in the pool's dtype).
+      auto epilogue = [&](size_t index, int64_t b, int64_t e) {
+        const int h0 = static_cast<int>(b / c.head_dim);
+        const int h1 = static_cast<int>(e / c.head_dim);
+        float* y = index == 0 ? ws_.q.data() : index == 1 ? ws_.k.data() : ws_.v.data();
+        const int64_t ld = index == 0 ? q_dim : kv_dim;
+        const float* bias = index == 0 ? w.bq : index == 1 ? w.bk : w.bv;
+        if (bias != nullptr)
+          for (int64_t t = 0; t < n; ++t) kernels::add_inplace(y + t * ld + b, bias + b, e - b);
+        const float* head_norm = index == 0 ? w.q_norm : index == 1 ? w.k_norm : nullptr;
+        if (head_norm != nullptr)
+          for (int64_t t = 0; t < n; ++t)
+            kernels::rms_norm(y + t * ld + b, c.head_dim, head_norm, y + t * ld + b, c.head_dim, h1 - h0, c.head_dim,
+                              c.rms_eps);
+        if (index == 0) {
+          kernels::rope_apply(y + b, q_dim, n, h1 - h0, hd, rope, ws_.cos.data(), ws_.sin.data());
+        } else if (index == 1) {
+          kernels::rope_write_k(y, kv_dim, n, h0, h1, hd, rope, ws_.cos.data(), ws_.sin.data(), ws_.kv_slots.data(),
+                                kv.shape().dtype);
+        } else {
+          kernels::write_v(y, kv_dim, n, h0, h1, hd, ws_.kv_slots.data(), kv.shape().dtype);
         }
-      }
-    }
-    if (w.q_norm != nullptr) {
-      OpTimer timer(prof, Op::kNorm);
-      // Per-head RMSNorm: every head is a row of head_dim.
-      kernels::rms_norm(ws_.q.data(), c.head_dim, w.q_norm, ws_.q.data(), c.head_dim, n * c.n_head, c.head_dim, c.rms_eps);
-      kernels::rms_norm(ws_.k.data(), c.head_dim, w.k_norm, ws_.k.data(), c.head_dim, n * c.n_head_kv, c.head_dim,
-                        c.rms_eps);
-    }
-    {
-      OpTimer timer(prof, Op::kRope);
-      kernels::rope_apply(ws_.q.data(), q_dim, n, static_cast<int>(c.n_head), static_cast<int>(c.head_dim), rope,
-                          ws_.cos.data(), ws_.sin.data());
-    }
-    // K (rotated) and V go to the pool first: attention then reads every
-    // position, including this call's own, from the pool in the pool's dtype.
-    {
-      OpTimer timer(prof, Op::kKvWrite);
-      for (int64_t t = 0; t < n; ++t) {
-        const auto [block, slot] = slot_of_row[static_cast<size_t>(t)];
-        ws_.kv_slots[static_cast<size_t>(t)] = {kv.k_row(block, static_cast<int>(l), slot),
-                                                kv.v_row(block, static_cast<int>(l), slot)};
-      }
-      kernels::rope_write_kv(ws_.k.data(), ws_.v.data(), kv_dim, n, static_cast<int>(c.n_head_kv),
-                             static_cast<int>(c.head_dim), rope, ws_.cos.data(), ws_.sin.data(), ws_.kv_slots.data(),
-                             kv.shape().dtype, pool);
+      };
+      kernels::matmul(qkv, in, n, pool, qkv_split, epilogue);
+      account(Op::kQkv, {&w.wq, &w.wk, &w.wv}, n);
     }
     {
       OpTimer timer(prof, Op::kAttention);
@@ -359,26 +380,22 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
     }
     {
       OpTimer timer(prof, Op::kOutProj);
-      kernels::matmul(w.wo, ws_.attn.data(), q_dim, n, ws_.proj.data(), E, pool);
+      const kernels::MatmulOutput out[] = {{&w.wo, ws_.proj.data(), E}};
+      kernels::matmul(out, kernels::MatmulInput{ws_.attn.data(), q_dim}, n, pool, {}, add_residual);
       account(Op::kOutProj, {&w.wo}, n);
-      kernels::add_inplace(ws_.x.data(), ws_.proj.data(), n * E);
     }
     {
       const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws_.gate.data(), F}, {&w.w_up, ws_.up.data(), F}};
       const kernels::MatmulInput in = norm_rows(w.ffn_norm, gate_up, n, pool);
       OpTimer timer(prof, Op::kGateUp);
-      kernels::matmul(gate_up, in, n, pool);
+      kernels::matmul(gate_up, in, n, pool, kernels::MatmulSplit{8, true}, swiglu);
       account(Op::kGateUp, {&w.w_gate, &w.w_up}, n);
     }
     {
-      OpTimer timer(prof, Op::kSiluMul);
-      kernels::silu_mul(ws_.gate.data(), ws_.up.data(), n * F);
-    }
-    {
       OpTimer timer(prof, Op::kDown);
-      kernels::matmul(w.w_down, ws_.gate.data(), F, n, ws_.proj.data(), E, pool);
+      const kernels::MatmulOutput down[] = {{&w.w_down, ws_.proj.data(), E}};
+      kernels::matmul(down, kernels::MatmulInput{ws_.gate.data(), F}, n, pool, {}, add_residual);
       account(Op::kDown, {&w.w_down}, n);
-      kernels::add_inplace(ws_.x.data(), ws_.proj.data(), n * E);
     }
   }
 
@@ -397,8 +414,8 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
 
 std::string_view name(Op op) {
   static constexpr std::array<std::string_view, kOpCount> names = {
-      "embed", "rms_norm", "qkv_matmul", "rope", "kv_write", "attention",
-      "out_proj", "gate_up_matmul", "silu_mul", "down_matmul", "lm_head"};
+      "embed", "rms_norm", "qkv_matmul", "rope_angles", "attention", "out_proj", "gate_up_matmul", "down_matmul",
+      "lm_head"};
   return names[static_cast<size_t>(op)];
 }
 

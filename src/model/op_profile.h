@@ -14,17 +14,16 @@ namespace tandem {
 enum class Op : uint8_t {
   kEmbed,      // token embedding rows
   kNorm,       // RMSNorm before attention and FFN (and per-head q/k norm)
-  kQkv,        // Q, K, V projections (one grouped matmul) and their biases
-  kRope,       // the angles, and Q's rotation
-  kKvWrite,    // K rotated (RoPE) and K and V rows written into the pool, fused
+  kQkv,        // Q, K, V projections (one grouped matmul) and, in its epilogue,
+               // biases, per-head norms, RoPE and the K/V write into the pool
+  kRope,       // the RoPE angles (once per forward)
   kAttention,  // paged attention
-  kOutProj,    // attention output projection + residual
-  kGateUp,     // gate and up projections (one grouped matmul)
-  kSiluMul,
-  kDown,       // down projection + residual
+  kOutProj,    // attention output projection + residual (epilogue)
+  kGateUp,     // gate and up projections (one grouped matmul) + SwiGLU (epilogue)
+  kDown,       // down projection + residual (epilogue)
   kLmHead,     // final norm and vocabulary projection
 };
-constexpr int kOpCount = 11;
+constexpr int kOpCount = 9;
 std::string_view name(Op op);
 
 struct OpProfile {
