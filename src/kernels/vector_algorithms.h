@@ -36,6 +36,115 @@ void silu_mul_vec(float* g, const float* u, int64_t n) {
   }
 }
 
+// What attend_block needs of the tile: the block's K (transposed, bs_pad
+// positions per dimension) and V (widened, hd per position), and per query its
+// running max, running sum and unnormalised output.
+struct AttentionBlockState {
+  const float* kt;
+  const float* vf;
+  int bs_pad;
+  int hd;
+  float scale;
+  bool first_block;  // output sums start from zero
+  float* scores;     // Q * bs_pad scratch
+  float* run_max;
+  float* run_sum;
+  float* out;        // hd per query
+};
+
+// Q queries that see the same `limit` positions of one KV block: q[i] is the
+// query vector, qi[i] its index into the running state. Each query's
+// arithmetic is exactly the one-query computation (the same partial sums in
+// the same order); doing Q together only shares the K and V loads and keeps
+// 4 * Q independent FMA chains in flight instead of 4.
+template <int Q>
+inline void attend_block(const AttentionBlockState& st, const float* const* q, const int64_t* qi, int limit) {
+  constexpr int W = Vec::kWidth;
+  const int bs_pad = st.bs_pad;
+  const int hd = st.hd;
+  // Scores of this block's positions, W at a time; per query four partial
+  // sums over d (d mod 4), combined as (s0 + s1) + (s2 + s3).
+  for (int c = 0; c < bs_pad; c += W) {
+    typename Vec::V s[Q][4];
+    for (int i = 0; i < Q; ++i)
+      for (int p = 0; p < 4; ++p) s[i][p] = Vec::zero();
+    const float* k = st.kt + c;
+    int d = 0;
+    for (; d + 4 <= hd; d += 4) {
+      for (int p = 0; p < 4; ++p) {
+        const auto kd = Vec::load(k + (d + p) * bs_pad);
+        for (int i = 0; i < Q; ++i) s[i][p] = Vec::fmadd(Vec::set1(q[i][d + p]), kd, s[i][p]);
+      }
+    }
+    for (; d < hd; ++d) {
+      const auto kd = Vec::load(k + d * bs_pad);
+      for (int i = 0; i < Q; ++i) s[i][0] = Vec::fmadd(Vec::set1(q[i][d]), kd, s[i][0]);
+    }
+    for (int i = 0; i < Q; ++i)
+      Vec::store(st.scores + i * bs_pad + c,
+                 Vec::mul(Vec::add(Vec::add(s[i][0], s[i][1]), Vec::add(s[i][2], s[i][3])), Vec::set1(st.scale)));
+  }
+  // Online softmax, per query.
+  float correction[Q];
+  const float* p[Q];
+  for (int i = 0; i < Q; ++i) {
+    float* sc = st.scores + i * bs_pad;
+    for (int j = limit; j < bs_pad; ++j) sc[j] = -std::numeric_limits<float>::infinity();
+    auto vmax = Vec::set1(-std::numeric_limits<float>::infinity());
+    for (int c = 0; c < bs_pad; c += W) vmax = Vec::max(vmax, Vec::load(sc + c));
+    const float old_max = st.run_max[qi[i]];
+    const float new_max = std::max(old_max, Vec::reduce_max(vmax));
+    correction[i] = std::exp(old_max - new_max);
+    for (int c = 0; c < bs_pad; c += W) Vec::store(sc + c, Vec::exp(Vec::sub(Vec::load(sc + c), Vec::set1(new_max))));
+    for (int j = limit; j < bs_pad; ++j) sc[j] = 0.0f;
+    auto vsum = Vec::zero();
+    for (int c = 0; c < bs_pad; c += W) vsum = Vec::add(vsum, Vec::load(sc + c));
+    st.run_sum[qi[i]] = st.run_sum[qi[i]] * correction[i] + Vec::reduce_add(vsum);
+    st.run_max[qi[i]] = new_max;
+    p[i] = sc;
+  }
+  // out = out * correction + sum_j p_j * V_j, j ascending; two W-wide pieces
+  // of d at a time.
+  float* o[Q];
+  for (int i = 0; i < Q; ++i) o[i] = st.out + qi[i] * hd;
+  const int hd_vec = hd / W * W;
+  int d = 0;
+  for (; d + 2 * W <= hd_vec; d += 2 * W) {
+    typename Vec::V acc[Q][2];
+    for (int i = 0; i < Q; ++i)
+      for (int h = 0; h < 2; ++h)
+        acc[i][h] = st.first_block ? Vec::zero() : Vec::mul(Vec::load(o[i] + d + h * W), Vec::set1(correction[i]));
+    for (int j = 0; j < limit; ++j) {
+      const auto v0 = Vec::load(st.vf + j * hd + d);
+      const auto v1 = Vec::load(st.vf + j * hd + d + W);
+      for (int i = 0; i < Q; ++i) {
+        const auto pj = Vec::set1(p[i][j]);
+        acc[i][0] = Vec::fmadd(pj, v0, acc[i][0]);
+        acc[i][1] = Vec::fmadd(pj, v1, acc[i][1]);
+      }
+    }
+    for (int i = 0; i < Q; ++i)
+      for (int h = 0; h < 2; ++h) Vec::store(o[i] + d + h * W, acc[i][h]);
+  }
+  for (; d < hd_vec; d += W) {
+    typename Vec::V acc[Q];
+    for (int i = 0; i < Q; ++i)
+      acc[i] = st.first_block ? Vec::zero() : Vec::mul(Vec::load(o[i] + d), Vec::set1(correction[i]));
+    for (int j = 0; j < limit; ++j) {
+      const auto v = Vec::load(st.vf + j * hd + d);
+      for (int i = 0; i < Q; ++i) acc[i] = Vec::fmadd(Vec::set1(p[i][j]), v, acc[i]);
+    }
+    for (int i = 0; i < Q; ++i) Vec::store(o[i] + d, acc[i]);
+  }
+  for (int i = 0; i < Q; ++i) {
+    for (int dd = hd_vec; dd < hd; ++dd) {
+      float acc = st.first_block ? 0.0f : o[i][dd] * correction[i];
+      for (int j = 0; j < limit; ++j) acc = std::fma(p[i][j], st.vf[j * hd + dd], acc);
+      o[i][dd] = acc;
+    }
+  }
+}
+
 // One tile of causal attention: rows [0, n_rows) of one sequence (consecutive
 // positions from first_position) times the `group` query heads that share KV
 // head `kv_head`, against that head's K and V through the block table.
@@ -45,9 +154,11 @@ void silu_mul_vec(float* g, const float* u, int64_t n) {
 // a running max and sum per query (online softmax). A query at position p
 // visits blocks 0..p / block_size and, in each, positions up to p, in the same
 // order whatever the tile holds, so its result depends only on its position
-// and the cached K/V (batch and chunk invariance).
+// and the cached K/V (batch and chunk invariance). Queries that see the same
+// positions of a block go through it four at a time (attend_block).
 void attention_tile_vec(const AttentionTileArgs& a) {
   constexpr int W = Vec::kWidth;
+  constexpr int kQueriesPerPass = 4;
   const PagedKvLayer& kv = *a.kv;
   const int bs = kv.block_size;
   const int bs_pad = (bs + W - 1) / W * W;
@@ -55,7 +166,6 @@ void attention_tile_vec(const AttentionTileArgs& a) {
   const int64_t n_queries = static_cast<int64_t>(a.n_rows) * a.group;
   const size_t head_bytes = dtype_row_bytes(kv.dtype, hd);
   const size_t head_offset = static_cast<size_t>(a.kv_head) * head_bytes;
-  const int hd_vec = hd / W * W;
 
   thread_local std::vector<float> kt, kf, vf, scores, out, run_max, run_sum;
   // Stale values in kt's padding lanes and in `out` are never used: padding
@@ -64,10 +174,12 @@ void attention_tile_vec(const AttentionTileArgs& a) {
   kt.resize(static_cast<size_t>(hd) * static_cast<size_t>(bs_pad));
   vf.resize(static_cast<size_t>(bs) * static_cast<size_t>(hd));
   kf.resize(static_cast<size_t>(bs) * static_cast<size_t>(hd));
-  scores.resize(static_cast<size_t>(bs_pad));
+  scores.resize(static_cast<size_t>(kQueriesPerPass * bs_pad));
   out.resize(static_cast<size_t>(n_queries * hd));
   run_max.assign(static_cast<size_t>(n_queries), -std::numeric_limits<float>::infinity());
   run_sum.assign(static_cast<size_t>(n_queries), 0.0f);
+  AttentionBlockState st{kt.data(), vf.data(), bs_pad,        hd,          a.scale,
+                         true,      scores.data(), run_max.data(), run_sum.data(), out.data()};
 
   const int32_t last_position = a.first_position + a.n_rows - 1;
   const int32_t n_blocks = last_position / bs + 1;
@@ -101,56 +213,34 @@ void attention_tile_vec(const AttentionTileArgs& a) {
     }
     for (int j = 0; j < n_valid; ++j)
       for (int d = 0; d < hd; ++d) kt[static_cast<size_t>(d * bs_pad + j)] = kf[static_cast<size_t>(j * hd + d)];
-    // Rows before the block's first position do not reach it.
+    st.first_block = b == 0;
+    // Rows before the block's first position do not reach it. Queries are
+    // taken in tile order (row, then head of the group); a pass holds
+    // consecutive queries that see the same number of positions.
     const int first_row = std::max(0, block_first - a.first_position);
-    for (int t = first_row; t < a.n_rows; ++t) {
-      const int limit = std::min(n_valid, a.first_position + t - block_first + 1);
-      for (int g = 0; g < a.group; ++g) {
-        const int64_t qi = static_cast<int64_t>(t) * a.group + g;
-        const float* q = a.q + t * a.ldq + static_cast<int64_t>(a.kv_head * a.group + g) * hd;
-        // Scores of this block's positions, W at a time; four partial sums
-        // over d keep four FMA chains in flight.
-        auto vmax = Vec::set1(-std::numeric_limits<float>::infinity());
-        for (int c = 0; c < bs_pad; c += W) {
-          auto s0 = Vec::zero(), s1 = Vec::zero(), s2 = Vec::zero(), s3 = Vec::zero();
-          const float* k = kt.data() + c;
-          int d = 0;
-          for (; d + 4 <= hd; d += 4) {
-            s0 = Vec::fmadd(Vec::set1(q[d]), Vec::load(k + (d + 0) * bs_pad), s0);
-            s1 = Vec::fmadd(Vec::set1(q[d + 1]), Vec::load(k + (d + 1) * bs_pad), s1);
-            s2 = Vec::fmadd(Vec::set1(q[d + 2]), Vec::load(k + (d + 2) * bs_pad), s2);
-            s3 = Vec::fmadd(Vec::set1(q[d + 3]), Vec::load(k + (d + 3) * bs_pad), s3);
-          }
-          for (; d < hd; ++d) s0 = Vec::fmadd(Vec::set1(q[d]), Vec::load(k + d * bs_pad), s0);
-          const auto s = Vec::mul(Vec::add(Vec::add(s0, s1), Vec::add(s2, s3)), Vec::set1(a.scale));
-          Vec::store(scores.data() + c, s);
+    auto limit_of = [&](int64_t q) {
+      return std::min(n_valid, a.first_position + static_cast<int>(q / a.group) - block_first + 1);
+    };
+    auto query = [&](int64_t q) {
+      return a.q + (q / a.group) * a.ldq + static_cast<int64_t>(a.kv_head * a.group + q % a.group) * hd;
+    };
+    int64_t q0 = static_cast<int64_t>(first_row) * a.group;
+    while (q0 < n_queries) {
+      const int limit = limit_of(q0);
+      if (q0 + kQueriesPerPass <= n_queries && limit_of(q0 + kQueriesPerPass - 1) == limit) {
+        const float* qs[kQueriesPerPass];
+        int64_t qis[kQueriesPerPass];
+        for (int i = 0; i < kQueriesPerPass; ++i) {
+          qs[i] = query(q0 + i);
+          qis[i] = q0 + i;
         }
-        for (int j = limit; j < bs_pad; ++j) scores[static_cast<size_t>(j)] = -std::numeric_limits<float>::infinity();
-        for (int c = 0; c < bs_pad; c += W) vmax = Vec::max(vmax, Vec::load(scores.data() + c));
-        const float new_max = std::max(run_max[static_cast<size_t>(qi)], Vec::reduce_max(vmax));
-        const float correction = std::exp(run_max[static_cast<size_t>(qi)] - new_max);
-        auto vsum = Vec::zero();
-        for (int c = 0; c < bs_pad; c += W) {
-          const auto p = Vec::exp(Vec::sub(Vec::load(scores.data() + c), Vec::set1(new_max)));
-          Vec::store(scores.data() + c, p);
-        }
-        for (int j = limit; j < bs_pad; ++j) scores[static_cast<size_t>(j)] = 0.0f;
-        for (int c = 0; c < bs_pad; c += W) vsum = Vec::add(vsum, Vec::load(scores.data() + c));
-        run_sum[static_cast<size_t>(qi)] = run_sum[static_cast<size_t>(qi)] * correction + Vec::reduce_add(vsum);
-        run_max[static_cast<size_t>(qi)] = new_max;
-        // out = out * correction + sum_j p_j * V_j.
-        float* o = out.data() + qi * hd;
-        for (int d = 0; d < hd_vec; d += W) {
-          auto acc = b == 0 ? Vec::zero() : Vec::mul(Vec::load(o + d), Vec::set1(correction));
-          for (int j = 0; j < limit; ++j)
-            acc = Vec::fmadd(Vec::set1(scores[static_cast<size_t>(j)]), Vec::load(vf.data() + j * hd + d), acc);
-          Vec::store(o + d, acc);
-        }
-        for (int d = hd_vec; d < hd; ++d) {
-          float acc = b == 0 ? 0.0f : o[d] * correction;
-          for (int j = 0; j < limit; ++j) acc = std::fma(scores[static_cast<size_t>(j)], vf[static_cast<size_t>(j * hd + d)], acc);
-          o[d] = acc;
-        }
+        attend_block<kQueriesPerPass>(st, qs, qis, limit);
+        q0 += kQueriesPerPass;
+      } else {
+        const float* qs[1] = {query(q0)};
+        const int64_t qis[1] = {q0};
+        attend_block<1>(st, qs, qis, limit);
+        ++q0;
       }
     }
   }
