@@ -45,6 +45,7 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   constexpr int kTokens = P.tile_tokens;
   static_assert(kTokens >= 2 && kTokens <= 6);
   static_assert(P.decode_rows == 8 || P.decode_rows == 16);
+  static_assert(P.token_block >= kTokens && P.row_block > 0);
   if (a.n_tokens == 1) {
     int64_t r = row_begin;
     if constexpr (P.decode_rows > 8)
@@ -61,7 +62,8 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
     // tiles of 3: 20 x 3 + 2 x 2).
     const bool split_tail = kTokens == 3 && (te - tb) % 3 == 1 && te - tb > 3;
     const int64_t full_end = split_tail ? te - 4 : te - (te - tb) % kTokens;
-    const int64_t n_tiles = (full_end - tb) / kTokens + 2;
+    // tile_rows calls per row block (each prefetches its slice of the next block).
+    const int64_t n_tiles = (full_end - tb) / kTokens + (split_tail ? 2 : te > full_end ? 1 : 0);
     for (int64_t rb = row_begin; rb < row_end; rb += P.row_block) {
       const int64_t re = std::min(row_end, rb + P.row_block);
       // The weights of the block that comes next, fetched a slice per tile:
@@ -83,13 +85,14 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
         prefetch_slice();
         tile_rows<Tile, kRows, kTokens>(a, rb, re, t);
       }
-      prefetch_slice();
       if (split_tail) {
+        prefetch_slice();
         tile_rows<Tile, kRows, 2>(a, rb, re, t);
         prefetch_slice();
         tile_rows<Tile, kRows, 2>(a, rb, re, t + 2);
         continue;
       }
+      if (t < te) prefetch_slice();
       // The last tokens in one tile of that width, so that no token pays for a
       // weight pass of its own (64 tokens: 30% of the time otherwise).
       switch (te - t) {
