@@ -23,6 +23,22 @@ namespace {
 // 2048: 27). In an interleaved group a chunk step is w_group lines.
 constexpr int64_t kPrefetchLines = 8;
 
+// A decode tile of R > w_group rows streams R / w_group interleaved groups
+// side by side, and the next tile's groups follow in memory. A stream's
+// prefetch that runs past the end of its own group would land in the tile's
+// next group, which is being read already; skipping the tile's other groups
+// sends it to the matching group of the next tile instead, so that tile does
+// not start cold.
+inline int64_t prefetch_skip(const GemmArgs& a, int rows) {
+  return a.w_group > 1 && rows > a.w_group ? (rows / a.w_group - 1) * a.w_group * static_cast<int64_t>(a.w_row_bytes)
+                                           : 0;
+}
+
+inline void prefetch_ahead(const uint8_t* row, int64_t offset, int64_t group_bytes, int64_t skip) {
+  if (offset >= group_bytes) offset += skip;
+  _mm_prefetch(reinterpret_cast<const char*>(row + offset), _MM_HINT_T0);
+}
+
 // 16 elements at p (load) or the first elements selected by m (load_tail), as f32.
 struct LoadF32 {
   static constexpr int kBytes = 4;
@@ -84,13 +100,15 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
   const float* x[T];
   for (int t = 0; t < T; ++t) x[t] = a.x + (t0 + t) * a.ldx;
   const int64_t prefetch = kPrefetchLines * kFloatChunkBytes * a.w_group;
+  const int64_t skip = prefetch_skip(a, R);
+  const int64_t group_bytes = a.w_group * static_cast<int64_t>(a.w_row_bytes);
   const int64_t k16 = a.k & ~int64_t{15};
   for (int64_t k = 0; k < k16; k += 16) {
     __m512 xv[T];
     for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x[t] + k);
     const size_t off = float_offset(a, L::kBytes * k);
     for (int r = 0; r < R; ++r) {
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + off) + prefetch, _MM_HINT_T0);
+      if constexpr (T == 1) prefetch_ahead(w[r], static_cast<int64_t>(off) + prefetch, group_bytes, skip);
       __m512 wv = L::load(w[r] + off);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
     }
@@ -256,12 +274,14 @@ inline void tile_bf16(const GemmArgs& a, int64_t r0, int64_t t0) {
   const int64_t k32 = a.k & ~int64_t{31};
   const int64_t chunk_stride = kFloatChunkBytes * a.w_group;
   const int64_t prefetch = kPrefetchLines * chunk_stride;
+  const int64_t skip = prefetch_skip(a, R);
+  const int64_t group_bytes = a.w_group * static_cast<int64_t>(a.w_row_bytes);
   for (int64_t k = 0; k < k32; k += 32) {
     __m512bh xv[T];
     for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + k);
     const int64_t off = k / 32 * chunk_stride;  // 32 bf16 = one 64-byte chunk
     for (int r = 0; r < R; ++r) {
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + off) + prefetch, _MM_HINT_T0);
+      if constexpr (T == 1) prefetch_ahead(w[r], off + prefetch, group_bytes, skip);
       const __m512bh wv = (__m512bh)_mm512_loadu_si512(w[r] + off);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, xv[t]);
     }
