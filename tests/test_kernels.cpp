@@ -191,9 +191,9 @@ TEST(Kernels, InterleavedWeightsGiveBitwiseTheSameProducts) {
 TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
   for (Isa isa : supported_isas()) {
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
-      // 256 tokens: more than two token blocks of every plan (gemm_driver.h),
-      // so tiles on both sides of a block boundary and a short last block
-      // (4 tokens for the AVX-512 float plan: a remainder of one split 2 + 2).
+      // 256 tokens: three token blocks in every plan (gemm_driver.h), so
+      // tiles on both sides of a block boundary and short last tiles (the
+      // AVX-512 float plan: 87 + 87 + 82 tokens, 82 = 26 x 3 + 2 x 2).
       Problem p(t, 45, 160, 256, 99);
       const std::vector<float> all = p.run(isa);
       // Each token alone, each row range separately.

@@ -54,9 +54,13 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
     for (; r < row_end; ++r) Tile<1, 1>::run(a, r, 0);
     return;
   }
+  // Blocks of equal size (whole tiles, at most token_block), so that the
+  // last one is not a sliver: 127 tokens go as 66 + 61, not 126 + 1.
   constexpr int64_t kTokenBlock = P.token_block / kTokens * kTokens;
-  for (int64_t tb = 0; tb < a.n_tokens; tb += kTokenBlock) {
-    const int64_t te = std::min(a.n_tokens, tb + kTokenBlock);
+  const int64_t n_blocks = (a.n_tokens + kTokenBlock - 1) / kTokenBlock;
+  const int64_t block_tokens = ((a.n_tokens + n_blocks - 1) / n_blocks + kTokens - 1) / kTokens * kTokens;
+  for (int64_t tb = 0; tb < a.n_tokens; tb += block_tokens) {
+    const int64_t te = std::min(a.n_tokens, tb + block_tokens);
     // A last tile of one token would cost about as much as a full one: the
     // last kTokens + 1 tokens go as two tiles of two instead (64 tokens in
     // tiles of 3: 20 x 3 + 2 x 2).
