@@ -52,6 +52,29 @@ struct AttentionBlockState {
   float* out;        // hd per query
 };
 
+// The output update of attend_block for H W-wide pieces of d from d0: per
+// element out * correction (zero on the first block), then p_j * V_j added
+// for j ascending.
+template <int Q, int H>
+inline void accumulate_values(const AttentionBlockState& st, const float* const* p, float* const* o,
+                              const float* correction, int limit, int d0) {
+  constexpr int W = Vec::kWidth;
+  typename Vec::V acc[Q][H];
+  for (int i = 0; i < Q; ++i)
+    for (int h = 0; h < H; ++h)
+      acc[i][h] = st.first_block ? Vec::zero() : Vec::mul(Vec::load(o[i] + d0 + h * W), Vec::set1(correction[i]));
+  for (int j = 0; j < limit; ++j) {
+    typename Vec::V v[H];
+    for (int h = 0; h < H; ++h) v[h] = Vec::load(st.vf + j * st.hd + d0 + h * W);
+    for (int i = 0; i < Q; ++i) {
+      const auto pj = Vec::set1(p[i][j]);
+      for (int h = 0; h < H; ++h) acc[i][h] = Vec::fmadd(pj, v[h], acc[i][h]);
+    }
+  }
+  for (int i = 0; i < Q; ++i)
+    for (int h = 0; h < H; ++h) Vec::store(o[i] + d0 + h * W, acc[i][h]);
+}
+
 // Q queries that see the same `limit` positions of one KV block: q[i] is the
 // query vector, qi[i] its index into the running state. Each query's
 // arithmetic is exactly the one-query computation (the same partial sums in
@@ -104,38 +127,13 @@ inline void attend_block(const AttentionBlockState& st, const float* const* q, c
     p[i] = sc;
   }
   // out = out * correction + sum_j p_j * V_j, j ascending; two W-wide pieces
-  // of d at a time.
+  // of d at a time, then one.
   float* o[Q];
   for (int i = 0; i < Q; ++i) o[i] = st.out + qi[i] * hd;
   const int hd_vec = hd / W * W;
   int d = 0;
-  for (; d + 2 * W <= hd_vec; d += 2 * W) {
-    typename Vec::V acc[Q][2];
-    for (int i = 0; i < Q; ++i)
-      for (int h = 0; h < 2; ++h)
-        acc[i][h] = st.first_block ? Vec::zero() : Vec::mul(Vec::load(o[i] + d + h * W), Vec::set1(correction[i]));
-    for (int j = 0; j < limit; ++j) {
-      const auto v0 = Vec::load(st.vf + j * hd + d);
-      const auto v1 = Vec::load(st.vf + j * hd + d + W);
-      for (int i = 0; i < Q; ++i) {
-        const auto pj = Vec::set1(p[i][j]);
-        acc[i][0] = Vec::fmadd(pj, v0, acc[i][0]);
-        acc[i][1] = Vec::fmadd(pj, v1, acc[i][1]);
-      }
-    }
-    for (int i = 0; i < Q; ++i)
-      for (int h = 0; h < 2; ++h) Vec::store(o[i] + d + h * W, acc[i][h]);
-  }
-  for (; d < hd_vec; d += W) {
-    typename Vec::V acc[Q];
-    for (int i = 0; i < Q; ++i)
-      acc[i] = st.first_block ? Vec::zero() : Vec::mul(Vec::load(o[i] + d), Vec::set1(correction[i]));
-    for (int j = 0; j < limit; ++j) {
-      const auto v = Vec::load(st.vf + j * hd + d);
-      for (int i = 0; i < Q; ++i) acc[i] = Vec::fmadd(Vec::set1(p[i][j]), v, acc[i]);
-    }
-    for (int i = 0; i < Q; ++i) Vec::store(o[i] + d, acc[i]);
-  }
+  for (; d + 2 * W <= hd_vec; d += 2 * W) accumulate_values<Q, 2>(st, p, o, correction, limit, d);
+  for (; d < hd_vec; d += W) accumulate_values<Q, 1>(st, p, o, correction, limit, d);
   for (int i = 0; i < Q; ++i) {
     for (int dd = hd_vec; dd < hd; ++dd) {
       float acc = st.first_block ? 0.0f : o[i][dd] * correction[i];

@@ -347,15 +347,21 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
       // Per head range [b, e) of Q, K or V, every token: bias, per-head norm,
       // RoPE; K and V then go to the pool (attention reads every position,
       // this call's own included, from the pool in the pool's dtype).
+      struct QkvPart {
+        float* y;
+        int64_t ld;
+        const float* bias;       // qwen2, else null
+        const float* head_norm;  // qwen3 (Q and K), else null
+      };
+      const QkvPart parts[] = {{ws_.q.data(), q_dim, w.bq, w.q_norm},
+                               {ws_.k.data(), kv_dim, w.bk, w.k_norm},
+                               {ws_.v.data(), kv_dim, w.bv, nullptr}};
       auto epilogue = [&](size_t index, int64_t b, int64_t e) {
         const int h0 = static_cast<int>(b / c.head_dim);
         const int h1 = static_cast<int>(e / c.head_dim);
-        float* y = index == 0 ? ws_.q.data() : index == 1 ? ws_.k.data() : ws_.v.data();
-        const int64_t ld = index == 0 ? q_dim : kv_dim;
-        const float* bias = index == 0 ? w.bq : index == 1 ? w.bk : w.bv;
+        const auto [y, ld, bias, head_norm] = parts[index];
         if (bias != nullptr)
           for (int64_t t = 0; t < n; ++t) kernels::add_inplace(y + t * ld + b, bias + b, e - b);
-        const float* head_norm = index == 0 ? w.q_norm : index == 1 ? w.k_norm : nullptr;
         if (head_norm != nullptr)
           for (int64_t t = 0; t < n; ++t)
             kernels::rms_norm(y + t * ld + b, c.head_dim, head_norm, y + t * ld + b, c.head_dim, h1 - h0, c.head_dim,
