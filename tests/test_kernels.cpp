@@ -40,6 +40,8 @@ struct Problem {
   std::vector<float> x;
   std::vector<BlockQ8_0Act> xq;
   std::vector<uint16_t> xb;
+  int64_t group = 1;  // the weight layout (GemmArgs)
+  int64_t chunk_bytes = 64;
 
   Problem(DType t, int64_t r, int64_t c, int64_t n, uint64_t seed) : type(t), rows(r), cols(c), tokens(n) {
     std::mt19937 rng(static_cast<uint32_t>(seed));
@@ -66,8 +68,19 @@ struct Problem {
   }
 
   GemmArgs args(float* y) const {
-    return GemmArgs{w.data(), dtype_row_bytes(type, cols), cols, x.data(), cols, xq.data(), cols / 32, xb.data(), cols,
-                    tokens, y, rows};
+    return GemmArgs{w.data(), dtype_row_bytes(type, cols), cols, x.data(), cols,        xq.data(), cols / 32,
+                    xb.data(), cols,                        tokens, y,     rows, group, chunk_bytes};
+  }
+
+  // The same problem with its weights in the interleaved layout of its type.
+  Problem interleaved() const {
+    Problem p = *this;
+    const WeightMatrix plain{type, w.data(), rows, cols, dtype_row_bytes(type, cols)};
+    EXPECT_TRUE(can_interleave(plain));
+    const WeightMatrix m = interleave_rows(plain, p.w.data());
+    p.group = m.group;
+    p.chunk_bytes = m.chunk_bytes;
+    return p;
   }
 
   std::vector<float> run(Isa isa) const {
@@ -148,34 +161,41 @@ TEST(Kernels, Q8_0ReferenceMatchesDequantizedProduct) {
     }
 }
 
-// The interleaved layout (matmul.h) only moves bytes: every variant gives
-// bitwise the same products from it as from plain rows, including for row
-// ranges that start or end inside a group of 8.
-TEST(Kernels, InterleavedWeightsGiveBitwiseTheSameProducts) {
+// The interleaved layouts (matmul.h) only move bytes. Chunk groups (bf16,
+// q8_0) give bitwise the products of plain rows in every variant. Panels
+// (f32, f16) do in the scalar reference, whose order is the same for every
+// layout, and agree within the rounding bound in the vector variants, whose
+// panel tiles reduce in plain k order. Row ranges start or end inside a group.
+TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
-    const int64_t elems_per_chunk = t == DType::kF32 ? 16 : 32;
-    for (int64_t rows : {8, 24}) {
-      for (int64_t cols : {elems_per_chunk, 3 * elems_per_chunk}) {
+    const InterleavedLayout layout = interleaved_layout(t);
+    const bool panel = t == DType::kF32 || t == DType::kF16;
+    EXPECT_EQ(layout.group, panel ? kPanelRows : 8);
+    for (int64_t rows : {16, 48}) {
+      for (int64_t cols : {32, 96}) {
         for (int64_t n : {1, 6, 11}) {
-          Problem p(t, rows, cols, n, static_cast<uint64_t>(rows * 100 + cols + n));
-          WeightMatrix plain{t, p.w.data(), rows, cols, dtype_row_bytes(t, cols)};
-          ASSERT_TRUE(can_interleave(plain));
-          std::vector<uint8_t> packed(p.w.size());
-          const WeightMatrix inter = interleave_rows(plain, packed.data());
-          EXPECT_EQ(inter.group, kInterleaveRows);
-          if (cols > elems_per_chunk) {  // (one chunk per row: the same order)
-            EXPECT_NE(packed, p.w);
+          const Problem p(t, rows, cols, n, static_cast<uint64_t>(rows * 100 + cols + n));
+          const Problem inter = p.interleaved();
+          EXPECT_EQ(inter.group, layout.group);
+          if (panel || cols > 32) {  // (a chunk group of one 32-element chunk per row: the same order)
+            EXPECT_NE(inter.w, p.w);
           }
           for (Isa isa : supported_isas()) {
             const std::vector<float> want = p.run(isa);
             std::vector<float> y(want.size(), NAN);
-            GemmArgs a = p.args(y.data());
-            a.w = inter.data;
-            a.w_group = inter.group;
+            const GemmArgs a = inter.args(y.data());
             gemm_for(table(isa), t)(a, 0, 5);
             gemm_for(table(isa), t)(a, 5, rows);
-            EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * 4), 0)
-                << dtype_name(t) << " " << isa_name(isa) << " rows=" << rows << " cols=" << cols << " n=" << n;
+            if (!panel || isa == Isa::kScalar) {
+              EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * 4), 0)
+                  << dtype_name(t) << " " << isa_name(isa) << " rows=" << rows << " cols=" << cols << " n=" << n;
+              continue;
+            }
+            for (int64_t tok = 0; tok < n; ++tok)
+              for (int64_t r = 0; r < rows; ++r) {
+                const size_t i = static_cast<size_t>(tok * rows + r);
+                ASSERT_NEAR(y[i], want[i], p.tolerance(tok, r)) << dtype_name(t) << " " << isa_name(isa);
+              }
           }
         }
       }
@@ -183,34 +203,69 @@ TEST(Kernels, InterleavedWeightsGiveBitwiseTheSameProducts) {
   }
   // Shapes that cannot be interleaved stay plain.
   std::vector<uint8_t> bytes(4096);
-  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kF16, bytes.data(), 13, 32, dtype_row_bytes(DType::kF16, 32)}));
-  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kF16, bytes.data(), 8, 17, dtype_row_bytes(DType::kF16, 17)}));
-  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kF32, bytes.data(), 8, 8, dtype_row_bytes(DType::kF32, 8)}));
+  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kBF16, bytes.data(), 13, 32, dtype_row_bytes(DType::kBF16, 32)}));
+  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kBF16, bytes.data(), 8, 17, dtype_row_bytes(DType::kBF16, 17)}));
+  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kF16, bytes.data(), 8, 32, dtype_row_bytes(DType::kF16, 32)}));
+  EXPECT_TRUE(can_interleave(WeightMatrix{DType::kF16, bytes.data(), 16, 17, dtype_row_bytes(DType::kF16, 17)}));
+}
+
+// Panels on odd reduction lengths (any length can be a panel), many row
+// counts and cut row ranges, against the scalar reference on plain rows.
+TEST(Kernels, PanelGemmMatchesScalarReferenceOnOddShapes) {
+  for (DType t : {DType::kF32, DType::kF16}) {
+    for (int64_t c : {1, 7, 17, 100}) {
+      for (int64_t r : {16, 48, 80, 96}) {
+        for (int64_t n : {1, 2, 6, 7, 13}) {
+          const Problem p(t, r, c, n, static_cast<uint64_t>(c * 1000 + r * 10 + n));
+          const std::vector<float> ref = p.run(Isa::kScalar);
+          const Problem inter = p.interleaved();
+          for (Isa isa : supported_isas()) {
+            std::vector<float> y(ref.size(), NAN);
+            const GemmArgs a = inter.args(y.data());
+            gemm_for(table(isa), t)(a, 0, 3);
+            gemm_for(table(isa), t)(a, 3, r - 16);
+            gemm_for(table(isa), t)(a, r - 16, r);
+            for (int64_t tok = 0; tok < n; ++tok)
+              for (int64_t row = 0; row < r; ++row) {
+                const size_t i = static_cast<size_t>(tok * r + row);
+                ASSERT_NEAR(y[i], ref[i], p.tolerance(tok, row))
+                    << dtype_name(t) << " " << isa_name(isa) << " rows=" << r << " cols=" << c << " n=" << n;
+              }
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
   for (Isa isa : supported_isas()) {
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
-      // 256 tokens: three token blocks in every plan (gemm_driver.h), so
-      // tiles on both sides of a block boundary and short last tiles (the
-      // AVX-512 float plan: 87 + 87 + 82 tokens, 82 = 26 x 3 + 2 x 2).
-      Problem p(t, 45, 160, 256, 99);
-      const std::vector<float> all = p.run(isa);
-      // Each token alone, each row range separately.
-      for (int64_t tok = 0; tok < p.tokens; ++tok) {
-        Problem single = p;
-        single.tokens = 1;
-        single.x.assign(p.x.begin() + tok * p.cols, p.x.begin() + (tok + 1) * p.cols);
-        if (t == DType::kBF16) single.xb.assign(p.xb.begin() + tok * p.cols, p.xb.begin() + (tok + 1) * p.cols);
-        if (t == DType::kQ8_0) single.xq.assign(p.xq.begin() + tok * p.cols / 32, p.xq.begin() + (tok + 1) * p.cols / 32);
-        std::vector<float> y(static_cast<size_t>(p.rows), NAN);
-        const GemmArgs a = single.args(y.data());
-        gemm_for(table(isa), t)(a, 0, 19);
-        gemm_for(table(isa), t)(a, 19, 20);
-        gemm_for(table(isa), t)(a, 20, p.rows);
-        for (int64_t r = 0; r < p.rows; ++r)
-          ASSERT_EQ(std::memcmp(&y[static_cast<size_t>(r)], &all[static_cast<size_t>(tok * p.rows + r)], 4), 0)
-              << isa_name(isa) << " " << dtype_name(t) << " token " << tok << " row " << r;
+      for (bool interleaved : {false, true}) {
+        // 256 tokens: three token blocks in every plan (gemm_driver.h), so
+        // tiles on both sides of a block boundary and short last tiles (the
+        // AVX-512 float plan: 87 + 87 + 82 tokens, 82 = 26 x 3 + 2 x 2).
+        // Interleaved: 48 rows, three panels of 16 or six chunk groups of 8.
+        const Problem plain(t, interleaved ? 48 : 45, 160, 256, 99);
+        const Problem p = interleaved ? plain.interleaved() : plain;
+        const std::vector<float> all = p.run(isa);
+        // Each token alone, each row range separately (cut inside groups).
+        for (int64_t tok = 0; tok < p.tokens; ++tok) {
+          Problem single = p;
+          single.tokens = 1;
+          single.x.assign(p.x.begin() + tok * p.cols, p.x.begin() + (tok + 1) * p.cols);
+          if (t == DType::kBF16) single.xb.assign(p.xb.begin() + tok * p.cols, p.xb.begin() + (tok + 1) * p.cols);
+          if (t == DType::kQ8_0) single.xq.assign(p.xq.begin() + tok * p.cols / 32, p.xq.begin() + (tok + 1) * p.cols / 32);
+          std::vector<float> y(static_cast<size_t>(p.rows), NAN);
+          const GemmArgs a = single.args(y.data());
+          gemm_for(table(isa), t)(a, 0, 19);
+          gemm_for(table(isa), t)(a, 19, 20);
+          gemm_for(table(isa), t)(a, 20, p.rows);
+          for (int64_t r = 0; r < p.rows; ++r)
+            ASSERT_EQ(std::memcmp(&y[static_cast<size_t>(r)], &all[static_cast<size_t>(tok * p.rows + r)], 4), 0)
+                << isa_name(isa) << " " << dtype_name(t) << (interleaved ? " interleaved" : " plain") << " token " << tok
+                << " row " << r;
+        }
       }
     }
   }

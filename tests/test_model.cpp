@@ -286,9 +286,13 @@ TEST(Model, MatchesNaiveDoublePrecisionReference) {
   }
 }
 
-// Interleaving the weights at load is a layout change only: the logits are
-// bitwise those of the plain file layout, for every weight type.
-TEST(Model, InterleavedWeightsGiveBitwiseThePlainLogits) {
+// Interleaving the weights at load is a layout change only. In chunk groups
+// (bf16, q8_0) the logits are bitwise those of the plain file layout; f32 and
+// f16 panels reduce in plain k order in the vector kernels, so their logits
+// agree within rounding and give the same greedy token (and bitwise in the
+// scalar reference). Either way the layout is fixed per matrix, so batch
+// invariance holds within it (the other model tests run interleaved).
+TEST(Model, InterleavedWeightsGiveThePlainLogits) {
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
     auto file = std::make_shared<const gguf::File>(gguf::File::open(testing::tiny_model_path("llama", dtype)));
     LoadOptions plain_options;
@@ -301,7 +305,15 @@ TEST(Model, InterleavedWeightsGiveBitwiseThePlainLogits) {
     const std::vector<int32_t> toks = tokens(13, 3, plain->config().n_vocab);
     const std::vector<float> a = run_alone(*interleaved, toks, {13}, pool);
     const std::vector<float> b = run_alone(*plain, toks, {6, 7}, pool);
-    EXPECT_TRUE(bitwise_equal(a.data(), b.data(), a.size())) << kernels::dtype_name(dtype);
+    const bool panels = dtype == DType::kF32 || dtype == DType::kF16;
+    if (!panels || kernels::active_isa() == kernels::Isa::kScalar) {
+      EXPECT_TRUE(bitwise_equal(a.data(), b.data(), a.size())) << kernels::dtype_name(dtype);
+      continue;
+    }
+    const int64_t V = plain->config().n_vocab;
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3 * (1 + std::fabs(b[i]))) << kernels::dtype_name(dtype);
+    for (size_t t = 0; t < a.size() / static_cast<size_t>(V); ++t)
+      EXPECT_EQ(kernels::argmax(a.data() + t * V, V), kernels::argmax(b.data() + t * V, V)) << kernels::dtype_name(dtype);
   }
 }
 

@@ -111,5 +111,93 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   }
 }
 
+
+// Panels (see GemmArgs): a tile is G groups of kPanelRows rows times T tokens;
+// each accumulator holds one token's sums for a group's 16 rows, and every
+// element is reduced in plain k order, so any tiling gives the same result.
+struct PanelPlan {
+  int tile_groups;      // groups of a prompt tile
+  int tile_tokens;      // tokens of a prompt tile
+  int decode_groups;    // groups of a decode (one-token) tile, one memory stream each
+  int64_t token_block;  // tokens whose activations stay in L2 while all rows stream past
+};
+
+// What a panel tile needs besides its position: the row range to store (the
+// first and last groups may be cut by a thread's range), and a slice of the
+// next panel's weights to prefetch while it computes.
+struct PanelTileJob {
+  int64_t row_begin, row_end;
+  const uint8_t* prefetch = nullptr;
+  int64_t prefetch_lines = 0;
+};
+
+// Tokens [t, te) of groups [g, g + G): tiles of T, then one narrower tile.
+template <template <int, int> class Tile, int G, int T>
+void panel_tokens(const GemmArgs& a, int64_t g, int64_t t, int64_t te, PanelTileJob job, int64_t lines_per_tile) {
+  const uint8_t* pf = job.prefetch;
+  const int64_t pf_end = job.prefetch_lines;
+  int64_t pf_done = 0;
+  auto slice = [&] {
+    job.prefetch = pf + pf_done * 64;
+    job.prefetch_lines = std::min(lines_per_tile, pf_end - pf_done);
+    pf_done += job.prefetch_lines;
+    return job;
+  };
+  for (; t + T <= te; t += T) Tile<G, T>::run(a, g, t, slice());
+  switch (te - t) {
+    case 7: if constexpr (T > 7) Tile<G, 7>::run(a, g, t, slice()); break;
+    case 6: if constexpr (T > 6) Tile<G, 6>::run(a, g, t, slice()); break;
+    case 5: if constexpr (T > 5) Tile<G, 5>::run(a, g, t, slice()); break;
+    case 4: if constexpr (T > 4) Tile<G, 4>::run(a, g, t, slice()); break;
+    case 3: if constexpr (T > 3) Tile<G, 3>::run(a, g, t, slice()); break;
+    case 2: if constexpr (T > 2) Tile<G, 2>::run(a, g, t, slice()); break;
+    case 1: if constexpr (T > 1) Tile<G, 1>::run(a, g, t, slice()); break;
+    default: break;
+  }
+}
+
+template <template <int, int> class Tile, PanelPlan P>
+void panel_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  constexpr int G = P.tile_groups;
+  constexpr int T = P.tile_tokens;
+  constexpr int D = P.decode_groups;
+  static_assert(G >= 1 && G <= 4 && T >= 1 && T <= 8 && D >= 1 && D <= 4 && P.token_block >= T);
+  const int64_t g_begin = row_begin / kPanelRows;
+  const int64_t g_end = (row_end + kPanelRows - 1) / kPanelRows;
+  const PanelTileJob rows{row_begin, row_end};
+  if (a.n_tokens == 1) {
+    int64_t g = g_begin;
+    for (; g + D <= g_end; g += D) Tile<D, 1>::run(a, g, 0, rows);
+    for (; g < g_end; ++g) Tile<1, 1>::run(a, g, 0, rows);
+    return;
+  }
+  // Token blocks of equal size, whole tiles (as gemm_driver).
+  constexpr int64_t kTokenBlock = P.token_block / T * T;
+  const int64_t n_blocks = (a.n_tokens + kTokenBlock - 1) / kTokenBlock;
+  const int64_t block_tokens = ((a.n_tokens + n_blocks - 1) / n_blocks + T - 1) / T * T;
+  const int64_t group_bytes = kPanelRows * static_cast<int64_t>(a.w_row_bytes);
+  for (int64_t tb = 0; tb < a.n_tokens; tb += block_tokens) {
+    const int64_t te = std::min(a.n_tokens, tb + block_tokens);
+    const int64_t n_tiles = (te - tb + T - 1) / T;
+    for (int64_t g = g_begin; g < g_end; g += G) {
+      const int64_t ge = std::min(g_end, g + G);
+      // The next panel's weights, a slice per tile, so that its first tile
+      // does not wait for memory with nothing else to do.
+      const int64_t next = ge < g_end ? ge : te < a.n_tokens ? g_begin : g_end;
+      const int64_t next_lines = (std::min(g_end, next + G) - next) * group_bytes / 64;
+      PanelTileJob job = rows;
+      job.prefetch = a.w + next * group_bytes;
+      job.prefetch_lines = next_lines;
+      const int64_t per_tile = (next_lines + n_tiles - 1) / n_tiles;
+      switch (ge - g) {
+        case 4: if constexpr (G >= 4) panel_tokens<Tile, 4, T>(a, g, tb, te, job, per_tile); break;
+        case 3: if constexpr (G >= 3) panel_tokens<Tile, 3, T>(a, g, tb, te, job, per_tile); break;
+        case 2: if constexpr (G >= 2) panel_tokens<Tile, 2, T>(a, g, tb, te, job, per_tile); break;
+        default: panel_tokens<Tile, 1, T>(a, g, tb, te, job, per_tile); break;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kernels

@@ -23,13 +23,19 @@ static_assert(sizeof(BlockQ8_0) == 34);
 // y[t * ldy + r] = dot(x row t, weight row r) for r in [row_begin, row_end),
 // t in [0, n_tokens). Each output element is reduced in one fixed order that
 // does not depend on n_tokens, the row range or the tiling, which is what makes
-// the forward pass batch-invariant.
+// the forward pass batch-invariant. The order may depend on the weight layout
+// (below), which is fixed per matrix at load.
 //
 // Weight layout: rows are stored in groups of w_group rows (1 = plain
-// row-major). Each row is cut into chunks (64 bytes of f32/f16/bf16, or one
-// 34-byte Q8_0 block) and a group stores chunk 0 of its rows, then chunk 1,
-// ...; so a decode tile of 8 rows streams one contiguous range (see
-// WeightMatrix::group in matmul.h). The layout never changes the arithmetic.
+// row-major). Each row is cut into chunks of w_chunk_bytes and a group stores
+// chunk 0 of its rows, then chunk 1, ...:
+//  - chunk groups (WeightMatrix::group, matmul.h): 8 rows by 64-byte chunks
+//    (Q8_0: 34-byte blocks), so a decode tile of 8 rows streams one
+//    contiguous range; the arithmetic is that of plain rows;
+//  - panels: 16 rows by single elements (f32, f16), so the 16 rows' values at
+//    one k are one vector. The vector kernels then multiply it by a broadcast
+//    activation (an outer-product tile, see kernels_avx512.cpp) and reduce
+//    each output in plain k order.
 struct GemmArgs {
   const uint8_t* w = nullptr;  // weight rows (w_row_bytes of data per row)
   size_t w_row_bytes = 0;
@@ -46,11 +52,13 @@ struct GemmArgs {
   int64_t n_tokens = 0;
   float* y = nullptr;
   int64_t ldy = 0;
-  int64_t w_group = 1;  // rows per interleaved group
+  int64_t w_group = 1;          // rows per interleaved group
+  int64_t w_chunk_bytes = 64;   // bytes of a row chunk in a group (any, for plain rows)
 };
 
 constexpr int64_t kFloatChunkBytes = 64;
 constexpr int64_t kQ8ChunkBytes = 34;
+constexpr int64_t kPanelRows = 16;
 
 // Where chunk 0 of row r starts; chunk c is c * w_group * chunk_bytes further.
 inline const uint8_t* gemm_row(const GemmArgs& a, int64_t r, int64_t chunk_bytes) {
@@ -59,10 +67,21 @@ inline const uint8_t* gemm_row(const GemmArgs& a, int64_t r, int64_t chunk_bytes
 }
 
 // Byte offset, from gemm_row, of the element at byte `byte` of a float-type
-// row (a load must not cross a chunk boundary: vector loads start at multiples
-// of their width, and 64 is a multiple of every width).
+// row in 64-byte chunks (a load must not cross a chunk boundary: vector loads
+// start at multiples of their width, and 64 is a multiple of every width).
 inline size_t float_offset(const GemmArgs& a, int64_t byte) {
   return static_cast<size_t>((byte / kFloatChunkBytes) * a.w_group * kFloatChunkBytes + byte % kFloatChunkBytes);
+}
+
+// The byte at `byte` of row r, in any layout.
+inline const uint8_t* weight_byte(const GemmArgs& a, int64_t r, int64_t byte) {
+  const int64_t c = a.w_chunk_bytes;
+  return gemm_row(a, r, c) + static_cast<size_t>((byte / c) * a.w_group * c + byte % c);
+}
+
+// Whether the weights are in panels of elements of elem_bytes.
+inline bool is_panel(const GemmArgs& a, int64_t elem_bytes) {
+  return a.w_group == kPanelRows && a.w_chunk_bytes == elem_bytes;
 }
 
 using GemmFn = void (*)(const GemmArgs& args, int64_t row_begin, int64_t row_end);

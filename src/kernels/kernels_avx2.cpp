@@ -2,10 +2,12 @@
 //
 // Reduction order per output element: one 8-lane accumulator, lane j sums
 // k = j, j+8, ... in increasing k; a tail shorter than 8 is zero-padded into
-// one more step; then a fixed horizontal sum. Q8_0 uses the same int32 lane
+// one more step; then a fixed horizontal sum. On panels (f32/f16), one FMA
+// chain per output in plain k order. Q8_0 uses the same int32 lane
 // grouping (4 products per lane) as the AVX-512 variant.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/gemm_driver.h"
@@ -88,6 +90,69 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
     for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = hsum256(acc[r][t]);
 }
 
+// Panels (see kernels_avx512.cpp): a group's 16 rows at one k are two
+// vectors, multiplied by each token's broadcast activation; every output is
+// one FMA chain in plain k order.
+template <typename L, int G, int T>
+inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  __m256 acc[G][2][T];
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < 2; ++h)
+      for (int t = 0; t < T; ++t) acc[g][h][t] = _mm256_setzero_ps();
+  const int64_t group_bytes = kPanelRows * static_cast<int64_t>(a.w_row_bytes);
+  const uint8_t* w = a.w + g0 * group_bytes;
+  const float* x[T];
+  for (int t = 0; t < T; ++t) x[t] = a.x + (t0 + t) * a.ldx;
+  constexpr int64_t kStep = kPanelRows * L::kBytes;
+  const uint8_t* pf = job.prefetch;
+  int64_t pf_left = job.prefetch_lines;
+  for (int64_t k = 0; k < a.k; ++k) {
+    const int64_t off = k * kStep;
+    if constexpr (T == 1) {
+      if (off % 64 == 0)
+        for (int g = 0; g < G; ++g)
+          _mm_prefetch(reinterpret_cast<const char*>(w + g * group_bytes + off + kPrefetchLines * 64), _MM_HINT_T0);
+    } else if (pf_left > 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
+      pf += 64;
+      --pf_left;
+    }
+    __m256 wv[G][2];
+    for (int g = 0; g < G; ++g)
+      for (int h = 0; h < 2; ++h) wv[g][h] = L::load(w + g * group_bytes + off + h * 8 * L::kBytes);
+    for (int t = 0; t < T; ++t) {
+      const __m256 b = _mm256_broadcast_ss(x[t] + k);
+      for (int g = 0; g < G; ++g)
+        for (int h = 0; h < 2; ++h) acc[g][h][t] = _mm256_fmadd_ps(wv[g][h], b, acc[g][h][t]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    const int64_t row0 = (g0 + g) * kPanelRows;
+    const int64_t lo = std::max<int64_t>(0, job.row_begin - row0);
+    const int64_t hi = std::min<int64_t>(kPanelRows, job.row_end - row0);
+    for (int t = 0; t < T; ++t) {
+      float* y = a.y + (t0 + t) * a.ldy + row0;
+      if (lo == 0 && hi == kPanelRows) {
+        _mm256_storeu_ps(y, acc[g][0][t]);
+        _mm256_storeu_ps(y + 8, acc[g][1][t]);
+      } else {
+        alignas(32) float buf[kPanelRows];
+        _mm256_store_ps(buf, acc[g][0][t]);
+        _mm256_store_ps(buf + 8, acc[g][1][t]);
+        for (int64_t r = lo; r < hi; ++r) y[r] = buf[r];
+      }
+    }
+  }
+}
+
+template <typename L>
+struct PanelTile {
+  template <int G, int T>
+  struct Fn {
+    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_panel<L, G, T>(a, g, t, job); }
+  };
+};
+
 inline __m256i dot_block_i32(const int8_t* wq, const int8_t* xq) {
   __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
   __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
@@ -139,8 +204,21 @@ struct Q8Tile {
 // Tiles of 4 rows x 5 tokens over 32-row and 125-token blocks.
 constexpr GemmPlan kPlan{4, 5, 8, 32, 125};
 
-void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF32>::Fn, kPlan>(a, b, e); }
-void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadF16>::Fn, kPlan>(a, b, e); }
+// Panels: prompt tiles of one group x 6 tokens (15 of the 16 registers);
+// decode tiles of two groups (two streams).
+constexpr PanelPlan kPanelPlan{1, 6, 2, 126};
+
+template <typename L>
+void gemm_float(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel(a, L::kBytes)) {
+    panel_driver<PanelTile<L>::template Fn, kPanelPlan>(a, b, e);
+  } else {
+    gemm_driver<FloatTile<L>::template Fn, kPlan>(a, b, e);
+  }
+}
+
+void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadF32>(a, b, e); }
+void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadF16>(a, b, e); }
 void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadBF16>::Fn, kPlan>(a, b, e); }
 void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile, kPlan>(a, b, e); }
 

@@ -33,9 +33,8 @@ void gemm_plain(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     const float* x = a.x + t * a.ldx;
     for (int64_t r = row_begin; r < row_end; ++r) {
-      const uint8_t* w = gemm_row(a, r, kFloatChunkBytes);
       float acc = 0.0f;
-      for (int64_t k = 0; k < a.k; ++k) acc += x[k] * Load(w + float_offset(a, k * Bytes), 0);
+      for (int64_t k = 0; k < a.k; ++k) acc += x[k] * Load(weight_byte(a, r, k * Bytes), 0);
       a.y[t * a.ldy + r] = acc;
     }
   }

@@ -14,31 +14,41 @@ namespace {
 
 constexpr size_t kMaxOutputs = 8;
 
-int64_t chunk_bytes(DType t) { return t == DType::kQ8_0 ? kQ8ChunkBytes : kFloatChunkBytes; }
-
 }  // namespace
 
+InterleavedLayout interleaved_layout(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+      return {kPanelRows, static_cast<int64_t>(dtype_row_bytes(t, 1))};
+    case DType::kQ8_0:
+      return {8, kQ8ChunkBytes};
+    default:
+      return {8, kFloatChunkBytes};
+  }
+}
+
 bool can_interleave(const WeightMatrix& w) {
-  return w.group == 1 && w.rows % kInterleaveRows == 0 &&
-         static_cast<int64_t>(w.row_bytes) % chunk_bytes(w.type) == 0;
+  const InterleavedLayout l = interleaved_layout(w.type);
+  return w.group == 1 && w.rows % l.group == 0 && static_cast<int64_t>(w.row_bytes) % l.chunk_bytes == 0;
 }
 
 WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst) {
   TANDEM_ASSERT(can_interleave(w));
-  const int64_t chunk = chunk_bytes(w.type);
+  const auto [group, chunk] = interleaved_layout(w.type);
   const int64_t n_chunks = static_cast<int64_t>(w.row_bytes) / chunk;
-  for (int64_t g = 0; g < w.rows / kInterleaveRows; ++g) {
-    uint8_t* out = dst + static_cast<size_t>(g * kInterleaveRows) * w.row_bytes;
-    for (int64_t c = 0; c < n_chunks; ++c) {
-      for (int64_t i = 0; i < kInterleaveRows; ++i) {
-        const uint8_t* src = w.data + static_cast<size_t>(g * kInterleaveRows + i) * w.row_bytes + c * chunk;
-        std::memcpy(out + (c * kInterleaveRows + i) * chunk, src, static_cast<size_t>(chunk));
-      }
-    }
+  for (int64_t g = 0; g < w.rows / group; ++g) {
+    uint8_t* out = dst + static_cast<size_t>(g * group) * w.row_bytes;
+    const uint8_t* in = w.data + static_cast<size_t>(g * group) * w.row_bytes;
+    for (int64_t c = 0; c < n_chunks; ++c)
+      for (int64_t i = 0; i < group; ++i)
+        std::memcpy(out + (c * group + i) * chunk, in + static_cast<size_t>(i) * w.row_bytes + c * chunk,
+                    static_cast<size_t>(chunk));
   }
   WeightMatrix out = w;
   out.data = dst;
-  out.group = kInterleaveRows;
+  out.group = group;
+  out.chunk_bytes = chunk;
   return out;
 }
 
@@ -99,8 +109,8 @@ void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_
   first_row[0] = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& o = outputs[i];
-    args[i] = GemmArgs{o.w->data, o.w->row_bytes, k,        x,   ldx, xq, ldxq, xb.data(), k,
-                       n_tokens,  o.y,            o.ldy, o.w->group};
+    args[i] = GemmArgs{o.w->data, o.w->row_bytes, k,     x,          ldx,
+                       xq,        ldxq,           xb.data(), k, n_tokens, o.y, o.ldy, o.w->group, o.w->chunk_bytes};
     if (o.w->type == DType::kBF16) {
       args[i].x = x_rounded.data();
       args[i].ldx = k;

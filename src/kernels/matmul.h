@@ -21,9 +21,12 @@ namespace tandem::kernels {
 struct BlockQ8_0Act;
 
 // A weight matrix: `rows` rows of `cols` elements, row_bytes of data each (a
-// view). group == 1: plain row-major, as in a GGUF file. group == 8: rows
-// interleaved in groups of 8 by 64-byte chunks (Q8_0: by 34-byte blocks), the
-// layout the GEMV and GEMM tiles stream best (see GemmArgs).
+// view). group == 1: plain row-major, as in a GGUF file. group > 1: rows
+// interleaved in groups by chunks of chunk_bytes, the layout the GEMV and GEMM
+// tiles stream best (see GemmArgs): bf16 and q8_0 in groups of 8 by 64-byte
+// chunks (q8_0: 34-byte blocks), which keeps the arithmetic of plain rows;
+// f32 and f16 in panels of 16 rows by single elements, whose vector kernels
+// reduce in a different (fixed) order than on plain rows.
 struct WeightMatrix {
   DType type = DType::kF32;
   const uint8_t* data = nullptr;
@@ -31,9 +34,15 @@ struct WeightMatrix {
   int64_t cols = 0;
   size_t row_bytes = 0;
   int64_t group = 1;
+  int64_t chunk_bytes = 64;  // when group > 1
 };
 
-constexpr int64_t kInterleaveRows = 8;
+// The interleaved layout of a weight type: rows per group, bytes per chunk.
+struct InterleavedLayout {
+  int64_t group;
+  int64_t chunk_bytes;
+};
+InterleavedLayout interleaved_layout(DType t);
 
 // Whether w can be interleaved: plain, whole groups of rows, rows of whole chunks.
 bool can_interleave(const WeightMatrix& w);
@@ -61,10 +70,10 @@ struct MatmulInput {
 
 // How a group's rows are cut across threads.
 struct MatmulSplit {
-  // Thread ranges start and end on multiples of this: 8 keeps decode tiles
-  // whole; a per-head epilogue needs whole heads (then every output's rows
-  // but the last must be a multiple of it).
-  int64_t row_grain = 8;
+  // Thread ranges start and end on multiples of this: 16 keeps decode tiles
+  // and panels whole; a per-head epilogue needs whole heads (then every
+  // output's rows but the last must be a multiple of it).
+  int64_t row_grain = 16;
   // Outputs of equal rows (gate and up): each thread computes the same row
   // range of every output, so an epilogue can combine them.
   bool same_rows = false;
