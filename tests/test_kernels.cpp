@@ -161,15 +161,15 @@ TEST(Kernels, Q8_0ReferenceMatchesDequantizedProduct) {
     }
 }
 
-// The interleaved layouts (matmul.h) only move bytes. Chunk groups (bf16,
-// q8_0) give bitwise the products of plain rows in every variant. Panels
-// (f32, f16) do in the scalar reference, whose order is the same for every
+// The interleaved layouts (matmul.h) only move bytes. Chunk groups (q8_0)
+// give bitwise the products of plain rows in every variant. Panels (f32, f16,
+// bf16) do in the scalar reference, whose order is the same for every
 // layout, and agree within the rounding bound in the vector variants, whose
 // panel tiles reduce in plain k order. Row ranges start or end inside a group.
 TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
     const InterleavedLayout layout = interleaved_layout(t);
-    const bool panel = t == DType::kF32 || t == DType::kF16;
+    const bool panel = t != DType::kQ8_0;
     EXPECT_EQ(layout.group, panel ? kPanelRows : 8);
     for (int64_t rows : {16, 48}) {
       for (int64_t cols : {32, 96}) {
@@ -177,7 +177,7 @@ TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
           const Problem p(t, rows, cols, n, static_cast<uint64_t>(rows * 100 + cols + n));
           const Problem inter = p.interleaved();
           EXPECT_EQ(inter.group, layout.group);
-          if (panel || cols > 32) {  // (a chunk group of one 32-element chunk per row: the same order)
+          if (panel || cols > 32) {  // (a chunk group of one block per row: the same order)
             EXPECT_NE(inter.w, p.w);
           }
           for (Isa isa : supported_isas()) {
@@ -203,17 +203,19 @@ TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
   }
   // Shapes that cannot be interleaved stay plain.
   std::vector<uint8_t> bytes(4096);
-  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kBF16, bytes.data(), 13, 32, dtype_row_bytes(DType::kBF16, 32)}));
-  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kBF16, bytes.data(), 8, 17, dtype_row_bytes(DType::kBF16, 17)}));
+  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kQ8_0, bytes.data(), 13, 32, dtype_row_bytes(DType::kQ8_0, 32)}));
+  EXPECT_FALSE(can_interleave(WeightMatrix{DType::kBF16, bytes.data(), 16, 17, dtype_row_bytes(DType::kBF16, 17)}));
   EXPECT_FALSE(can_interleave(WeightMatrix{DType::kF16, bytes.data(), 8, 32, dtype_row_bytes(DType::kF16, 32)}));
   EXPECT_TRUE(can_interleave(WeightMatrix{DType::kF16, bytes.data(), 16, 17, dtype_row_bytes(DType::kF16, 17)}));
 }
 
-// Panels on odd reduction lengths (any length can be a panel), many row
-// counts and cut row ranges, against the scalar reference on plain rows.
+// Panels on odd reduction lengths (any length for f32/f16, any even one for
+// bf16 pairs), many row counts and cut row ranges, against the scalar
+// reference on plain rows.
 TEST(Kernels, PanelGemmMatchesScalarReferenceOnOddShapes) {
-  for (DType t : {DType::kF32, DType::kF16}) {
-    for (int64_t c : {1, 7, 17, 100}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const std::vector<int64_t> cols = t == DType::kBF16 ? std::vector<int64_t>{2, 18, 34, 100} : std::vector<int64_t>{1, 7, 17, 100};
+    for (int64_t c : cols) {
       for (int64_t r : {16, 48, 80, 96}) {
         for (int64_t n : {1, 2, 6, 7, 13}) {
           const Problem p(t, r, c, n, static_cast<uint64_t>(c * 1000 + r * 10 + n));

@@ -32,10 +32,10 @@ static_assert(sizeof(BlockQ8_0) == 34);
 //  - chunk groups (WeightMatrix::group, matmul.h): 8 rows by 64-byte chunks
 //    (Q8_0: 34-byte blocks), so a decode tile of 8 rows streams one
 //    contiguous range; the arithmetic is that of plain rows;
-//  - panels: 16 rows by single elements (f32, f16), so the 16 rows' values at
-//    one k are one vector. The vector kernels then multiply it by a broadcast
-//    activation (an outer-product tile, see kernels_avx512.cpp) and reduce
-//    each output in plain k order.
+//  - panels: 16 rows by single elements (f32, f16) or pairs (bf16), so the
+//    16 rows' values at one k (pair) are one vector. The vector kernels then
+//    multiply it by a broadcast activation (an outer-product tile, see
+//    kernels_avx512.cpp) and reduce each output in plain k order.
 struct GemmArgs {
   const uint8_t* w = nullptr;  // weight rows (w_row_bytes of data per row)
   size_t w_row_bytes = 0;
@@ -79,9 +79,9 @@ inline const uint8_t* weight_byte(const GemmArgs& a, int64_t r, int64_t byte) {
   return gemm_row(a, r, c) + static_cast<size_t>((byte / c) * a.w_group * c + byte % c);
 }
 
-// Whether the weights are in panels of elements of elem_bytes.
-inline bool is_panel(const GemmArgs& a, int64_t elem_bytes) {
-  return a.w_group == kPanelRows && a.w_chunk_bytes == elem_bytes;
+// Whether the weights are in panels of chunk_bytes per row (see above).
+inline bool is_panel(const GemmArgs& a, int64_t chunk_bytes) {
+  return a.w_group == kPanelRows && a.w_chunk_bytes == chunk_bytes;
 }
 
 using GemmFn = void (*)(const GemmArgs& args, int64_t row_begin, int64_t row_end);

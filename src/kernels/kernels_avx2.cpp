@@ -92,8 +92,26 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
 
 // Panels (see kernels_avx512.cpp): a group's 16 rows at one k are two
 // vectors, multiplied by each token's broadcast activation; every output is
-// one FMA chain in plain k order.
-template <typename L, int G, int T>
+// one FMA chain in plain k order. A chunk holds kK values of k per row
+// (bf16: a pair, split into two vectors of the even and the odd k).
+template <typename L>
+struct PanelFloat {
+  static constexpr int kK = 1;
+  static constexpr int64_t kChunkBytes = L::kBytes;
+  static __m256 load(const uint8_t* p, int64_t /*sub*/) { return L::load(p); }
+};
+
+struct PanelBf16 {
+  static constexpr int kK = 2;
+  static constexpr int64_t kChunkBytes = 4;
+  static __m256 load(const uint8_t* p, int64_t sub) {
+    const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm256_castsi256_ps(sub == 0 ? _mm256_slli_epi32(pairs, 16)
+                                        : _mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+};
+
+template <typename P, int G, int T>
 inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   __m256 acc[G][2][T];
   for (int g = 0; g < G; ++g)
@@ -103,13 +121,13 @@ inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTil
   const uint8_t* w = a.w + g0 * group_bytes;
   const float* x[T];
   for (int t = 0; t < T; ++t) x[t] = a.x + (t0 + t) * a.ldx;
-  constexpr int64_t kStep = kPanelRows * L::kBytes;
+  constexpr int64_t kStep = kPanelRows * P::kChunkBytes;  // bytes of a group's chunk
   const uint8_t* pf = job.prefetch;
   int64_t pf_left = job.prefetch_lines;
   for (int64_t k = 0; k < a.k; ++k) {
-    const int64_t off = k * kStep;
+    const int64_t off = k / P::kK * kStep;
     if constexpr (T == 1) {
-      if (off % 64 == 0)
+      if (off % 64 == 0 && k % P::kK == 0)
         for (int g = 0; g < G; ++g)
           _mm_prefetch(reinterpret_cast<const char*>(w + g * group_bytes + off + kPrefetchLines * 64), _MM_HINT_T0);
     } else if (pf_left > 0) {
@@ -119,7 +137,7 @@ inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTil
     }
     __m256 wv[G][2];
     for (int g = 0; g < G; ++g)
-      for (int h = 0; h < 2; ++h) wv[g][h] = L::load(w + g * group_bytes + off + h * 8 * L::kBytes);
+      for (int h = 0; h < 2; ++h) wv[g][h] = P::load(w + g * group_bytes + off + h * kStep / 2, k % P::kK);
     for (int t = 0; t < T; ++t) {
       const __m256 b = _mm256_broadcast_ss(x[t] + k);
       for (int g = 0; g < G; ++g)
@@ -145,11 +163,11 @@ inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTil
   }
 }
 
-template <typename L>
+template <typename P>
 struct PanelTile {
   template <int G, int T>
   struct Fn {
-    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_panel<L, G, T>(a, g, t, job); }
+    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_panel<P, G, T>(a, g, t, job); }
   };
 };
 
@@ -208,18 +226,18 @@ constexpr GemmPlan kPlan{4, 5, 8, 32, 125};
 // decode tiles of two groups (two streams).
 constexpr PanelPlan kPanelPlan{1, 6, 2, 126};
 
-template <typename L>
+template <typename L, typename P>
 void gemm_float(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel(a, L::kBytes)) {
-    panel_driver<PanelTile<L>::template Fn, kPanelPlan>(a, b, e);
+  if (is_panel(a, P::kChunkBytes)) {
+    panel_driver<PanelTile<P>::template Fn, kPanelPlan>(a, b, e);
   } else {
     gemm_driver<FloatTile<L>::template Fn, kPlan>(a, b, e);
   }
 }
 
-void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadF32>(a, b, e); }
-void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadF16>(a, b, e); }
-void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<FloatTile<LoadBF16>::Fn, kPlan>(a, b, e); }
+void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadF32, PanelFloat<LoadF32>>(a, b, e); }
+void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadF16, PanelFloat<LoadF16>>(a, b, e); }
+void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadBF16, PanelBf16>(a, b, e); }
 void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile, kPlan>(a, b, e); }
 
 // The vector type of vector_algorithms.h.

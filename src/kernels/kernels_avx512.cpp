@@ -128,24 +128,55 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
 }
 
 // Panels (GemmArgs): per k, one vector holds a group's 16 rows, multiplied by
-// each token's activation broadcast: every output is one FMA chain in plain k
-// order. Against the chunked tile above, each FMA needs an eighth of the
+// each token's activation broadcast: every output is one chain in plain k
+// order. Against the chunked tiles above, each FMA needs an eighth of the
 // loaded bytes (a 4 x 6 tile: 4 weight vectors and 6 broadcasts per 24 FMAs),
-// so a prompt's tiles run from L2 at close to the FMA peak.
-template <typename L, int G, int T>
+// so a prompt's tiles run from L2 at close to the FMA peak. What a step
+// multiplies (P): f32/f16, one k by FMA; bf16, a pair of k by vdpbf16ps
+// (the panel's chunks are the rows' pairs, the broadcast is the pair of
+// activations).
+template <typename L>
+struct PanelFloat {
+  static constexpr int kK = 1;  // k per step
+  static constexpr int64_t kStepBytes = kPanelRows * L::kBytes;
+  using X = float;
+  using W = __m512;
+  using B = __m512;
+  static const X* x_row(const GemmArgs& a, int64_t t) { return a.x + t * a.ldx; }
+  static W load(const uint8_t* p) { return L::load(p); }
+  static B broadcast(const X* x) { return _mm512_set1_ps(*x); }
+  static __m512 madd(__m512 acc, W w, B b) { return _mm512_fmadd_ps(w, b, acc); }
+};
+
+struct PanelBf16 {
+  static constexpr int kK = 2;
+  static constexpr int64_t kStepBytes = kPanelRows * 4;
+  using X = uint16_t;
+  using W = __m512bh;
+  using B = __m512bh;
+  static const X* x_row(const GemmArgs& a, int64_t t) { return a.xb + t * a.ldxb; }
+  static W load(const uint8_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static B broadcast(const X* x) {
+    uint32_t pair;
+    std::memcpy(&pair, x, 4);
+    return (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+  }
+  static __m512 madd(__m512 acc, W w, B b) { return _mm512_dpbf16_ps(acc, w, b); }
+};
+
+template <typename P, int G, int T>
 inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   __m512 acc[G][T];
   for (int g = 0; g < G; ++g)
     for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
   const int64_t group_bytes = kPanelRows * static_cast<int64_t>(a.w_row_bytes);
   const uint8_t* w = a.w + g0 * group_bytes;
-  const float* x[T];
-  for (int t = 0; t < T; ++t) x[t] = a.x + (t0 + t) * a.ldx;
-  constexpr int64_t kStep = kPanelRows * L::kBytes;  // bytes of one k of a group
+  const typename P::X* x[T];
+  for (int t = 0; t < T; ++t) x[t] = P::x_row(a, t0 + t);
   const uint8_t* pf = job.prefetch;
   int64_t pf_left = job.prefetch_lines;
-  for (int64_t k = 0; k < a.k; ++k) {
-    const int64_t off = k * kStep;
+  for (int64_t k = 0; k < a.k; k += P::kK) {
+    const int64_t off = k / P::kK * P::kStepBytes;
     if constexpr (T == 1) {
       // Decode: each group is a stream; fetch ahead of it (past its end, into
       // the next tile's group rather than this tile's next one).
@@ -157,11 +188,11 @@ inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTil
       pf += 64;
       --pf_left;
     }
-    __m512 wv[G];
-    for (int g = 0; g < G; ++g) wv[g] = L::load(w + g * group_bytes + off);
+    typename P::W wv[G];
+    for (int g = 0; g < G; ++g) wv[g] = P::load(w + g * group_bytes + off);
     for (int t = 0; t < T; ++t) {
-      const __m512 b = _mm512_set1_ps(x[t][k]);
-      for (int g = 0; g < G; ++g) acc[g][t] = _mm512_fmadd_ps(wv[g], b, acc[g][t]);
+      const typename P::B b = P::broadcast(x[t] + k);
+      for (int g = 0; g < G; ++g) acc[g][t] = P::madd(acc[g][t], wv[g], b);
     }
   }
   for (int g = 0; g < G; ++g) {
@@ -359,11 +390,11 @@ struct FloatTile {
   };
 };
 
-template <typename L>
+template <typename P>
 struct PanelTile {
   template <int G, int T>
   struct Fn {
-    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_panel<L, G, T>(a, g, t, job); }
+    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_panel<P, G, T>(a, g, t, job); }
   };
 };
 
@@ -391,18 +422,18 @@ constexpr GemmPlan kQ8_0Plan{4, 6, 8, 32, 126};
 // against the chunked 8 x 3 tiles (two alternating runs each).
 constexpr PanelPlan kPanelPlan{4, 6, 4, 128};
 
-template <typename L>
+template <typename P, template <int, int> class ChunkTile>
 void gemm_float(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel(a, L::kBytes)) {
-    panel_driver<PanelTile<L>::template Fn, kPanelPlan>(a, b, e);
+  if (is_panel(a, P::kStepBytes / kPanelRows)) {
+    panel_driver<PanelTile<P>::template Fn, kPanelPlan>(a, b, e);
   } else {
-    gemm_driver<FloatTile<L>::template Fn, kFloatPlan>(a, b, e);
+    gemm_driver<ChunkTile, kFloatPlan>(a, b, e);
   }
 }
 
-void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadF32>(a, b, e); }
-void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadF16>(a, b, e); }
-void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Bf16Tile, kFloatPlan>(a, b, e); }
+void gemm_f32(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<PanelFloat<LoadF32>, FloatTile<LoadF32>::Fn>(a, b, e); }
+void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<PanelFloat<LoadF16>, FloatTile<LoadF16>::Fn>(a, b, e); }
+void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<PanelBf16, Bf16Tile>(a, b, e); }
 void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile, kQ8_0Plan>(a, b, e); }
 
 // The vector type of vector_algorithms.h.

@@ -21,6 +21,8 @@ InterleavedLayout interleaved_layout(DType t) {
     case DType::kF32:
     case DType::kF16:
       return {kPanelRows, static_cast<int64_t>(dtype_row_bytes(t, 1))};
+    case DType::kBF16:
+      return {kPanelRows, 4};  // pairs, for vdpbf16ps
     case DType::kQ8_0:
       return {8, kQ8ChunkBytes};
     default:
@@ -33,9 +35,14 @@ bool can_interleave(const WeightMatrix& w) {
   return w.group == 1 && w.rows % l.group == 0 && static_cast<int64_t>(w.row_bytes) % l.chunk_bytes == 0;
 }
 
-WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst) {
-  TANDEM_ASSERT(can_interleave(w));
-  const auto [group, chunk] = interleaved_layout(w.type);
+namespace {
+
+// Group by group, chunk c of its rows i to out[c * group + i]; kChunk > 0 is
+// the chunk size known at compile time (panels: 2- and 4-byte elements, where
+// a memcpy call per element would make loading several times slower).
+template <int64_t kChunk>
+void interleave_groups(const WeightMatrix& w, uint8_t* dst, int64_t group, int64_t chunk) {
+  if constexpr (kChunk > 0) chunk = kChunk;
   const int64_t n_chunks = static_cast<int64_t>(w.row_bytes) / chunk;
   for (int64_t g = 0; g < w.rows / group; ++g) {
     uint8_t* out = dst + static_cast<size_t>(g * group) * w.row_bytes;
@@ -44,6 +51,18 @@ WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst) {
       for (int64_t i = 0; i < group; ++i)
         std::memcpy(out + (c * group + i) * chunk, in + static_cast<size_t>(i) * w.row_bytes + c * chunk,
                     static_cast<size_t>(chunk));
+  }
+}
+
+}  // namespace
+
+WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst) {
+  TANDEM_ASSERT(can_interleave(w));
+  const auto [group, chunk] = interleaved_layout(w.type);
+  switch (chunk) {
+    case 2: interleave_groups<2>(w, dst, group, chunk); break;
+    case 4: interleave_groups<4>(w, dst, group, chunk); break;
+    default: interleave_groups<0>(w, dst, group, chunk); break;
   }
   WeightMatrix out = w;
   out.data = dst;

@@ -23,10 +23,10 @@ struct BlockQ8_0Act;
 // A weight matrix: `rows` rows of `cols` elements, row_bytes of data each (a
 // view). group == 1: plain row-major, as in a GGUF file. group > 1: rows
 // interleaved in groups by chunks of chunk_bytes, the layout the GEMV and GEMM
-// tiles stream best (see GemmArgs): bf16 and q8_0 in groups of 8 by 64-byte
-// chunks (q8_0: 34-byte blocks), which keeps the arithmetic of plain rows;
-// f32 and f16 in panels of 16 rows by single elements, whose vector kernels
-// reduce in a different (fixed) order than on plain rows.
+// tiles stream best (see GemmArgs): q8_0 in groups of 8 by 34-byte blocks,
+// which keeps the arithmetic of plain rows; f32, f16 and bf16 in panels of 16
+// rows by single elements (bf16: pairs), whose vector kernels reduce in a
+// different (fixed) order than on plain rows.
 struct WeightMatrix {
   DType type = DType::kF32;
   const uint8_t* data = nullptr;
