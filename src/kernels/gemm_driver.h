@@ -111,7 +111,6 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   }
 }
 
-
 // Panels (see GemmArgs): a tile is G groups of kPanelRows rows times T tokens;
 // each accumulator holds one token's sums for a group's 16 rows, and every
 // element is reduced in plain k order, so any tiling gives the same result.
