@@ -92,7 +92,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-model-len", a->engine.max_model_len, "Context length (0: the model's)");
   cmd->add_option("--max-waiting", a->engine.max_waiting_requests, "Admission queue bound (beyond it: HTTP 429)")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--kv-cache-mb", a->kv_cache_mb, "KV cache memory in MiB")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--kv-cache-mb", a->kv_cache_mb, "KV cache memory in MiB (allocated and backed at start)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--block-size", a->engine.block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache type")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd->add_flag("--no-prefix-caching", a->no_prefix_caching, "Disable prefix caching");

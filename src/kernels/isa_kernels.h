@@ -9,6 +9,7 @@
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "kernels/isa.h"
+#include "kernels/matmul.h"
 
 namespace tandem::kernels {
 
@@ -58,7 +59,6 @@ struct GemmArgs {
 
 constexpr int64_t kFloatChunkBytes = 64;
 constexpr int64_t kQ8ChunkBytes = 34;
-constexpr int64_t kPanelRows = 16;
 
 // Where chunk 0 of row r starts; chunk c is c * w_group * chunk_bytes further.
 inline const uint8_t* gemm_row(const GemmArgs& a, int64_t r, int64_t chunk_bytes) {

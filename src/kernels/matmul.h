@@ -37,6 +37,9 @@ struct WeightMatrix {
   int64_t chunk_bytes = 64;  // when group > 1
 };
 
+// Rows of a panel (the f32/f16/bf16 interleaved layout), the largest group.
+constexpr int64_t kPanelRows = 16;
+
 // The interleaved layout of a weight type: rows per group, bytes per chunk.
 struct InterleavedLayout {
   int64_t group;
@@ -73,7 +76,7 @@ struct MatmulSplit {
   // Thread ranges start and end on multiples of this: 16 keeps decode tiles
   // and panels whole; a per-head epilogue needs whole heads (then every
   // output's rows but the last must be a multiple of it).
-  int64_t row_grain = 16;
+  int64_t row_grain = kPanelRows;
   // Outputs of equal rows (gate and up): each thread computes the same row
   // range of every output, so an epilogue can combine them.
   bool same_rows = false;

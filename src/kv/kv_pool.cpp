@@ -1,6 +1,7 @@
 #include "kv/kv_pool.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <random>
@@ -27,6 +28,18 @@ KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
   if (p == MAP_FAILED)
     throw Error("cannot allocate the KV pool (" + std::to_string(size_bytes() >> 20) + " MiB): lower the block count");
   data_ = static_cast<uint8_t*>(p);
+  // Huge pages where the kernel has them (attention reads short pieces of many
+  // blocks), and every page backed now: otherwise each step that writes into
+  // untouched pages takes a page fault and a page clear per page, inside the
+  // forward pass (small F16, 64 sequences: about 9 ms of a 150 ms step in the
+  // QKV epilogue), and a pool the machine cannot back fails later instead of
+  // at start.
+  (void)madvise(p, size_bytes(), MADV_HUGEPAGE);
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(p, size_bytes(), MADV_POPULATE_WRITE) == 0) return;
+#endif
+  const long page = sysconf(_SC_PAGESIZE);
+  for (size_t off = 0; off < size_bytes(); off += static_cast<size_t>(page)) data_[off] = 0;
 }
 
 KvPool::~KvPool() {

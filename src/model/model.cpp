@@ -321,8 +321,8 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   };
   const int hd = static_cast<int>(c.head_dim);
   // QKV threads take whole heads (the epilogue ropes and writes per head), and
-  // whole decode tiles where the shapes allow.
-  kernels::MatmulSplit qkv_split{std::lcm(c.head_dim, int64_t{8})};
+  // whole panels where the shapes allow.
+  kernels::MatmulSplit qkv_split{std::lcm(c.head_dim, kernels::kPanelRows)};
   if (q_dim % qkv_split.row_grain != 0 || kv_dim % qkv_split.row_grain != 0) qkv_split.row_grain = c.head_dim;
   // The residual add, in the epilogue of out_proj and down: rows [b, e) of
   // proj into x, every token.
@@ -394,7 +394,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
       const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws_.gate.data(), F}, {&w.w_up, ws_.up.data(), F}};
       const kernels::MatmulInput in = norm_rows(w.ffn_norm, gate_up, n, pool);
       OpTimer timer(prof, Op::kGateUp);
-      kernels::matmul(gate_up, in, n, pool, kernels::MatmulSplit{8, true}, swiglu);
+      kernels::matmul(gate_up, in, n, pool, kernels::MatmulSplit{kernels::kPanelRows, true}, swiglu);
       account(Op::kGateUp, {&w.w_gate, &w.w_up}, n);
     }
     {
