@@ -243,8 +243,15 @@ inline void tile_q8_0_rows(const GemmArgs& a, int64_t r0, int64_t t0) {
   const int64_t n_blocks = a.k / 32;
   const size_t block_stride = static_cast<size_t>(kQ8ChunkBytes * a.w_group);
   const size_t prefetch = kPrefetchLines * kFloatChunkBytes * static_cast<size_t>(a.w_group);
+  // Lanes 0-7 take the first row's scale, lanes 8-15 the second's.
+  const __m512i pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i bias128 = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < n_blocks; ++b) {
     const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    // x + 128 as unsigned bytes: sum (x + 128) w - 128 sum w = sum x w, the
+    // same exact int32 lane sums as the sign trick of the prompt tiles, in
+    // three instructions per row pair instead of four.
+    const __m512i x_biased = _mm512_xor_si512(xv, bias128);
     const __m512 dx = _mm512_set1_ps(x[b].d);
     for (int p = 0; p < R / 2; ++p) {
       const auto* b0 = reinterpret_cast<const BlockQ8_0*>(w[2 * p] + static_cast<size_t>(b) * block_stride);
@@ -254,10 +261,12 @@ inline void tile_q8_0_rows(const GemmArgs& a, int64_t r0, int64_t t0) {
       const __m512i wv =
           _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0->qs))),
                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1->qs)), 1);
-      const __m512i xs = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), xv);
-      const __m512 s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), xs));
-      const __m512 dw = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(_cvtsh_ss(b0->d))),
-                                           _mm256_set1_ps(_cvtsh_ss(b1->d)), 1);
+      const __m512i sum_w128 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias128, wv);
+      const __m512 s = _mm512_cvtepi32_ps(
+          _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), x_biased, wv), sum_w128));
+      // Both scales widened by one conversion (exact, as _cvtsh_ss).
+      const __m128i d_pair = _mm_insert_epi16(_mm_cvtsi32_si128(b0->d), b1->d, 1);
+      const __m512 dw = _mm512_permutexvar_ps(pair_lanes, _mm512_castps128_ps512(_mm_cvtph_ps(d_pair)));
       acc[p] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, dx), acc[p]);
     }
   }
