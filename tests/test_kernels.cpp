@@ -165,7 +165,7 @@ TEST(Kernels, Q8_0ReferenceMatchesDequantizedProduct) {
 // give bitwise the products of plain rows in every variant. Panels (f32, f16,
 // bf16) do in the scalar reference, whose order is the same for every
 // layout, and agree within the rounding bound in the vector variants, whose
-// panel tiles reduce in plain k order. Row ranges start or end inside a group.
+// panel tiles reduce in one chain over k (or k pairs). Row ranges start or end inside a group.
 TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
     const InterleavedLayout layout = interleaved_layout(t);
@@ -224,9 +224,10 @@ TEST(Kernels, PanelGemmMatchesScalarReferenceOnOddShapes) {
           for (Isa isa : supported_isas()) {
             std::vector<float> y(ref.size(), NAN);
             const GemmArgs a = inter.args(y.data());
+            // Cuts inside the first and the last group.
             gemm_for(table(isa), t)(a, 0, 3);
-            gemm_for(table(isa), t)(a, 3, r - 16);
-            gemm_for(table(isa), t)(a, r - 16, r);
+            gemm_for(table(isa), t)(a, 3, r - 13);
+            gemm_for(table(isa), t)(a, r - 13, r);
             for (int64_t tok = 0; tok < n; ++tok)
               for (int64_t row = 0; row < r; ++row) {
                 const size_t i = static_cast<size_t>(tok * r + row);
@@ -247,8 +248,10 @@ TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
         // 256 tokens: three token blocks in every plan (gemm_driver.h), so
         // tiles on both sides of a block boundary and short last tiles (the
         // AVX-512 float plan: 87 + 87 + 82 tokens, 82 = 26 x 3 + 2 x 2).
-        // Interleaved: 48 rows, three panels of 16 or six chunk groups of 8.
-        const Problem plain(t, interleaved ? 48 : 45, 160, 256, 99);
+        // Interleaved: 96 rows, six panels of 16 (AVX-512: a 4-group and a
+        // 2-group prompt tile; decode tiles of 4 groups in the last range)
+        // or twelve chunk groups of 8.
+        const Problem plain(t, interleaved ? 96 : 45, 160, 256, 99);
         const Problem p = interleaved ? plain.interleaved() : plain;
         const std::vector<float> all = p.run(isa);
         // Each token alone, each row range separately (cut inside groups).
@@ -267,6 +270,34 @@ TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
             ASSERT_EQ(std::memcmp(&y[static_cast<size_t>(r)], &all[static_cast<size_t>(tok * p.rows + r)], 4), 0)
                 << isa_name(isa) << " " << dtype_name(t) << (interleaved ? " interleaved" : " plain") << " token " << tok
                 << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+// A call writes its row range and nothing else: threads own disjoint row
+// ranges, and an epilogue may already have changed the rows next to its own.
+// Panels compute whole groups of 16, so their stores are masked.
+TEST(Kernels, GemmWritesOnlyItsRowRange) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    for (bool interleaved : {false, true}) {
+      for (int64_t n : {1, 7}) {
+        const Problem plain(t, 64, 64, n, 5);
+        const Problem p = interleaved ? plain.interleaved() : plain;
+        for (Isa isa : supported_isas()) {
+          std::vector<float> y(static_cast<size_t>(n * 64), -12345.0f);
+          gemm_for(table(isa), t)(p.args(y.data()), 19, 37);
+          for (int64_t tok = 0; tok < n; ++tok)
+            for (int64_t r = 0; r < 64; ++r) {
+              const float v = y[static_cast<size_t>(tok * 64 + r)];
+              if (r >= 19 && r < 37) {
+                EXPECT_NE(v, -12345.0f);
+              } else {
+                ASSERT_EQ(v, -12345.0f) << dtype_name(t) << " " << isa_name(isa) << (interleaved ? " interleaved" : " plain")
+                                        << " n=" << n << " row " << r;
+              }
+            }
         }
       }
     }

@@ -288,7 +288,7 @@ TEST(Model, MatchesNaiveDoublePrecisionReference) {
 
 // Interleaving the weights at load is a layout change only. In chunk groups
 // (q8_0) the logits are bitwise those of the plain file layout; f32, f16 and
-// bf16 panels reduce in plain k order in the vector kernels, so their logits
+// bf16 panels reduce in one chain over k (or k pairs) in the vector kernels, so their logits
 // agree within rounding and give the same greedy token (and bitwise in the
 // scalar reference). Either way the layout is fixed per matrix, so batch
 // invariance holds within it (the other model tests run interleaved).

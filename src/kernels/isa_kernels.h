@@ -36,7 +36,8 @@ static_assert(sizeof(BlockQ8_0) == 34);
 //  - panels: 16 rows by single elements (f32, f16) or pairs (bf16), so the
 //    16 rows' values at one k (pair) are one vector. The vector kernels then
 //    multiply it by a broadcast activation (an outer-product tile, see
-//    kernels_avx512.cpp) and reduce each output in plain k order.
+//    kernels_avx512.cpp) and reduce each output in one chain over k (bf16 on
+//    AVX-512: over k pairs, as vdpbf16ps adds a pair).
 struct GemmArgs {
   const uint8_t* w = nullptr;  // weight rows (w_row_bytes of data per row)
   size_t w_row_bytes = 0;
@@ -71,6 +72,13 @@ inline const uint8_t* gemm_row(const GemmArgs& a, int64_t r, int64_t chunk_bytes
 // start at multiples of their width, and 64 is a multiple of every width).
 inline size_t float_offset(const GemmArgs& a, int64_t byte) {
   return static_cast<size_t>((byte / kFloatChunkBytes) * a.w_group * kFloatChunkBytes + byte % kFloatChunkBytes);
+}
+
+// The address `ahead` bytes past p, for a prefetch: it may lie past the end
+// of the weights (a prefetch never faults), so it is formed as an integer,
+// not by pointer arithmetic beyond the array.
+inline const char* prefetch_address(const void* p, int64_t ahead) {
+  return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(ahead));
 }
 
 // The byte at `byte` of row r, in any layout.

@@ -2,8 +2,8 @@
 //
 // Reduction order per output element: one 8-lane accumulator, lane j sums
 // k = j, j+8, ... in increasing k; a tail shorter than 8 is zero-padded into
-// one more step; then a fixed horizontal sum. On panels (f32/f16), one FMA
-// chain per output in plain k order. Q8_0 uses the same int32 lane
+// one more step; then a fixed horizontal sum. On panels (f32/f16/bf16), one
+// FMA chain per output in plain k order. Q8_0 uses the same int32 lane
 // grouping (4 products per lane) as the AVX-512 variant.
 #include <immintrin.h>
 
@@ -12,6 +12,7 @@
 
 #include "kernels/gemm_driver.h"
 #include "kernels/isa_kernels.h"
+#include "util/error.h"
 #include "util/fp16.h"
 
 namespace tandem::kernels {
@@ -73,7 +74,7 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
     for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x[t] + k);
     const size_t off = float_offset(a, k * L::kBytes);
     for (int r = 0; r < R; ++r) {
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(w[r] + off) + prefetch, _MM_HINT_T0);
+      if constexpr (T == 1) _mm_prefetch(prefetch_address(w[r] + off, prefetch), _MM_HINT_T0);
       __m256 wv = L::load(w[r] + off);
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
     }
@@ -129,7 +130,7 @@ inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTil
     if constexpr (T == 1) {
       if (off % 64 == 0 && k % P::kK == 0)
         for (int g = 0; g < G; ++g)
-          _mm_prefetch(reinterpret_cast<const char*>(w + g * group_bytes + off + kPrefetchLines * 64), _MM_HINT_T0);
+          _mm_prefetch(prefetch_address(w + g * group_bytes + off, kPrefetchLines * 64), _MM_HINT_T0);
     } else if (pf_left > 0) {
       _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
       pf += 64;
@@ -194,7 +195,7 @@ inline void tile_q8_0(const GemmArgs& a, int64_t r0, int64_t t0) {
   for (int64_t b = 0; b < n_blocks; ++b) {
     for (int r = 0; r < R; ++r) {
       const auto* blk = reinterpret_cast<const BlockQ8_0*>(w[r] + static_cast<size_t>(b) * block_stride);
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(blk) + prefetch, _MM_HINT_T0);
+      if constexpr (T == 1) _mm_prefetch(prefetch_address(blk, static_cast<int64_t>(prefetch)), _MM_HINT_T0);
       const float dw = _cvtsh_ss(blk->d);
       for (int t = 0; t < T; ++t) {
         __m256 s = _mm256_cvtepi32_ps(dot_block_i32(blk->qs, x[t][b].qs));
@@ -229,6 +230,7 @@ constexpr PanelPlan kPanelPlan{1, 6, 2, 126};
 template <typename L, typename P>
 void gemm_float(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel(a, P::kChunkBytes)) {
+    TANDEM_ASSERT(a.k % P::kK == 0, "bf16 panels need an even row length");
     panel_driver<PanelTile<P>::template Fn, kPanelPlan>(a, b, e);
   } else {
     gemm_driver<FloatTile<L>::template Fn, kPlan>(a, b, e);

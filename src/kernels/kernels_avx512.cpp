@@ -4,8 +4,8 @@
 // Reduction order, fixed for every output element whatever the tile shape:
 // on plain rows and chunk groups, one 16-lane accumulator, lane j sums k = j,
 // j+16, j+32, ... in increasing k (the tail handled by a masked step), then
-// _mm512_reduce_add_ps; on panels (f32/f16, see tile_panel), one FMA chain in
-// plain k order. Tiles of several rows and tokens only interleave independent
+// _mm512_reduce_add_ps; on panels (see tile_panel), one chain over k: an FMA
+// per k for f32/f16, a vdpbf16ps per k pair for bf16. Tiles of several rows and tokens only interleave independent
 // accumulators, so a token's result never depends on what else is in the batch.
 #include <immintrin.h>
 
@@ -14,6 +14,7 @@
 
 #include "kernels/gemm_driver.h"
 #include "kernels/isa_kernels.h"
+#include "util/error.h"
 
 namespace tandem::kernels {
 namespace {
@@ -22,11 +23,13 @@ namespace {
 // loads are issued: a software prefetch this many 64-byte chunks ahead of each
 // row's stream (8 chunks = 512 bytes of a plain row) took batch-1 generation
 // on the small F16 model from 32 to 46 tokens/s (256 bytes: 39, 1024: 45,
-// 2048: 27). In an interleaved group a chunk step is w_group lines.
+// 2048: 27). In an 8-row chunk group a chunk step is w_group lines; a panel's
+// decode tile prefetches each group's stream 512 bytes ahead.
 constexpr int64_t kPrefetchLines = 8;
 
 // The Q8_0 decode tile (one stream of an 8-row group) fetches further ahead,
-// 32 chunk steps, 16 KB of the group's stream, and into L2 only (small Q8_0
+// 32 x 64 x w_group bytes (16 KB of the group's stream, about 60 blocks), and
+// into L2 only (small Q8_0
 // tg128, medians of 5 alternating pairs: 16 steps +2 % against 8, 32 steps
 // +3 % against 16; into L2 instead of L1, +11 % and +14 % in two sets, 9 of
 // 10 pairs faster).
@@ -45,7 +48,7 @@ inline int64_t prefetch_skip(const GemmArgs& a, int rows) {
 
 inline void prefetch_ahead(const uint8_t* row, int64_t offset, int64_t group_bytes, int64_t skip) {
   if (offset >= group_bytes) offset += skip;
-  _mm_prefetch(reinterpret_cast<const char*>(row + offset), _MM_HINT_T0);
+  _mm_prefetch(prefetch_address(row, offset), _MM_HINT_T0);
 }
 
 // 16 elements at p (load) or the first elements selected by m (load_tail), as f32.
@@ -263,8 +266,8 @@ inline void tile_q8_0_rows(const GemmArgs& a, int64_t r0, int64_t t0) {
     for (int p = 0; p < R / 2; ++p) {
       const auto* b0 = reinterpret_cast<const BlockQ8_0*>(w[2 * p] + static_cast<size_t>(b) * block_stride);
       const auto* b1 = reinterpret_cast<const BlockQ8_0*>(w[2 * p + 1] + static_cast<size_t>(b) * block_stride);
-      _mm_prefetch(reinterpret_cast<const char*>(b0) + prefetch, _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(b1) + prefetch, _MM_HINT_T1);
+      _mm_prefetch(prefetch_address(b0, static_cast<int64_t>(prefetch)), _MM_HINT_T1);
+      _mm_prefetch(prefetch_address(b1, static_cast<int64_t>(prefetch)), _MM_HINT_T1);
       const __m512i wv =
           _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0->qs))),
                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1->qs)), 1);
@@ -324,7 +327,7 @@ inline void tile_q8_0_tokens(const GemmArgs& a, int64_t r0, int64_t t0) {
     }
     for (int r = 0; r < R; ++r) {
       const auto* blk = reinterpret_cast<const BlockQ8_0*>(w[r] + static_cast<size_t>(b) * block_stride);
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(blk) + prefetch, _MM_HINT_T0);
+      if constexpr (T == 1) _mm_prefetch(prefetch_address(blk, static_cast<int64_t>(prefetch)), _MM_HINT_T0);
       const float dw = _cvtsh_ss(blk->d);
       if constexpr (P > 0) {
         const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
@@ -441,6 +444,7 @@ constexpr PanelPlan kPanelPlan{4, 6, 4, 128};
 template <typename P, template <int, int> class ChunkTile>
 void gemm_float(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel(a, P::kStepBytes / kPanelRows)) {
+    TANDEM_ASSERT(a.k % P::kK == 0, "bf16 panels need an even row length");
     panel_driver<PanelTile<P>::template Fn, kPanelPlan>(a, b, e);
   } else {
     gemm_driver<ChunkTile, kFloatPlan>(a, b, e);

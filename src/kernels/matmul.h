@@ -73,8 +73,7 @@ struct MatmulInput {
 
 // How a group's rows are cut across threads.
 struct MatmulSplit {
-  // Thread ranges start and end on multiples of this: 16 keeps decode tiles
-  // and panels whole; a per-head epilogue needs whole heads (then every
+  // Thread ranges start and end on multiples of this: 16 keeps panels whole; a per-head epilogue needs whole heads (then every
   // output's rows but the last must be a multiple of it).
   int64_t row_grain = kPanelRows;
   // Outputs of equal rows (gate and up): each thread computes the same row

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <random>
 #include <string>
 
@@ -37,6 +38,12 @@ KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
   (void)madvise(p, size_bytes(), MADV_HUGEPAGE);
 #ifdef MADV_POPULATE_WRITE
   if (madvise(p, size_bytes(), MADV_POPULATE_WRITE) == 0) return;
+  if (errno != EINVAL) {  // (EINVAL: a kernel before 5.14, touched below)
+    munmap(p, size_bytes());
+    data_ = nullptr;
+    throw Error("cannot back the KV pool (" + std::to_string(size_bytes() >> 20) +
+                " MiB) with memory: lower the block count or the KV cache size");
+  }
 #endif
   const long page = sysconf(_SC_PAGESIZE);
   for (size_t off = 0; off < size_bytes(); off += static_cast<size_t>(page)) data_[off] = 0;
