@@ -139,9 +139,10 @@ inline void tile_float(const GemmArgs& a, int64_t r0, int64_t t0) {
 
 // Panels (GemmArgs): per k, one vector holds a group's 16 rows, multiplied by
 // each token's activation broadcast: every output is one chain in plain k
-// order. Against the chunked tiles above, each FMA needs an eighth of the
-// loaded bytes (a 4 x 6 tile: 4 weight vectors and 6 broadcasts per 24 FMAs),
-// so a prompt's tiles run from L2 at close to the FMA peak. What a step
+// order. Against the chunked tiles above, each FMA needs about a third of the
+// loaded bytes (f16, a 4 x 6 tile: 4 x 32 bytes of weights and 6 x 4 bytes of
+// broadcasts per 24 FMAs, against 8 x 32 + 3 x 64 for the 8 x 3 tile),
+// so a prompt's tiles run from L2 at 75-90 % of the FMA peak. What a step
 // multiplies (P): f32/f16, one k by FMA; bf16, a pair of k by vdpbf16ps
 // (the panel's chunks are the rows' pairs, the broadcast is the pair of
 // activations).
