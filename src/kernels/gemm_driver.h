@@ -29,6 +29,15 @@ struct GemmPlan {
 // tile_tokens (the last tokens in one narrower tile). Every tile computes each
 // element in the same order, so the tiling never changes a result.
 
+// Tokens per block when n_tokens are cut into blocks of equal size, whole
+// tiles of `tile` tokens, at most max_block (rounded down to whole tiles), so
+// that the last block is not a sliver: 127 tokens go as 66 + 61, not 126 + 1.
+inline int64_t equal_block_tokens(int64_t n_tokens, int64_t max_block, int64_t tile) {
+  const int64_t block = max_block / tile * tile;
+  const int64_t n_blocks = (n_tokens + block - 1) / block;
+  return ((n_tokens + n_blocks - 1) / n_blocks + tile - 1) / tile * tile;
+}
+
 // Rows [rb, re) of T tokens from t: tiles of kRows rows, then 4, then 1.
 template <template <int, int> class Tile, int kRows, int T>
 void tile_rows(const GemmArgs& a, int64_t rb, int64_t re, int64_t t) {
@@ -54,11 +63,7 @@ void gemm_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
     for (; r < row_end; ++r) Tile<1, 1>::run(a, r, 0);
     return;
   }
-  // Blocks of equal size (whole tiles, at most token_block), so that the
-  // last one is not a sliver: 127 tokens go as 66 + 61, not 126 + 1.
-  constexpr int64_t kTokenBlock = P.token_block / kTokens * kTokens;
-  const int64_t n_blocks = (a.n_tokens + kTokenBlock - 1) / kTokenBlock;
-  const int64_t block_tokens = ((a.n_tokens + n_blocks - 1) / n_blocks + kTokens - 1) / kTokens * kTokens;
+  const int64_t block_tokens = equal_block_tokens(a.n_tokens, P.token_block, kTokens);
   for (int64_t tb = 0; tb < a.n_tokens; tb += block_tokens) {
     const int64_t te = std::min(a.n_tokens, tb + block_tokens);
     // A last tile of one token would cost about as much as a full one: the
@@ -130,6 +135,15 @@ struct PanelTileJob {
   int64_t prefetch_lines = 0;
 };
 
+// The rows of group g that a tile stores: [lo, hi) of its kPanelRows.
+struct GroupRows {
+  int64_t lo, hi;
+};
+inline GroupRows stored_rows(const PanelTileJob& job, int64_t g) {
+  const int64_t row0 = g * kPanelRows;
+  return {std::max<int64_t>(0, job.row_begin - row0), std::min<int64_t>(kPanelRows, job.row_end - row0)};
+}
+
 // Tokens [t, te) of groups [g, g + G): tiles of T, then one narrower tile.
 template <template <int, int> class Tile, int G, int T>
 void panel_tokens(const GemmArgs& a, int64_t g, int64_t t, int64_t te, PanelTileJob job, int64_t lines_per_tile) {
@@ -170,10 +184,7 @@ void panel_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
     for (; g < g_end; ++g) Tile<1, 1>::run(a, g, 0, rows);
     return;
   }
-  // Token blocks of equal size, whole tiles (as gemm_driver).
-  constexpr int64_t kTokenBlock = P.token_block / T * T;
-  const int64_t n_blocks = (a.n_tokens + kTokenBlock - 1) / kTokenBlock;
-  const int64_t block_tokens = ((a.n_tokens + n_blocks - 1) / n_blocks + T - 1) / T * T;
+  const int64_t block_tokens = equal_block_tokens(a.n_tokens, P.token_block, T);
   const int64_t group_bytes = kPanelRows * static_cast<int64_t>(a.w_row_bytes);
   for (int64_t tb = 0; tb < a.n_tokens; tb += block_tokens) {
     const int64_t te = std::min(a.n_tokens, tb + block_tokens);

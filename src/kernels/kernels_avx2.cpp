@@ -146,11 +146,9 @@ inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTil
     }
   }
   for (int g = 0; g < G; ++g) {
-    const int64_t row0 = (g0 + g) * kPanelRows;
-    const int64_t lo = std::max<int64_t>(0, job.row_begin - row0);
-    const int64_t hi = std::min<int64_t>(kPanelRows, job.row_end - row0);
+    const auto [lo, hi] = stored_rows(job, g0 + g);
     for (int t = 0; t < T; ++t) {
-      float* y = a.y + (t0 + t) * a.ldy + row0;
+      float* y = a.y + (t0 + t) * a.ldy + (g0 + g) * kPanelRows;
       if (lo == 0 && hi == kPanelRows) {
         _mm256_storeu_ps(y, acc[g][0][t]);
         _mm256_storeu_ps(y + 8, acc[g][1][t]);

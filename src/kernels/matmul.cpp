@@ -17,17 +17,9 @@ constexpr size_t kMaxOutputs = 8;
 }  // namespace
 
 InterleavedLayout interleaved_layout(DType t) {
-  switch (t) {
-    case DType::kF32:
-    case DType::kF16:
-      return {kPanelRows, static_cast<int64_t>(dtype_row_bytes(t, 1))};
-    case DType::kBF16:
-      return {kPanelRows, 4};  // pairs, for vdpbf16ps
-    case DType::kQ8_0:
-      return {8, kQ8ChunkBytes};
-    default:
-      return {8, kFloatChunkBytes};
-  }
+  if (t == DType::kQ8_0) return {8, kQ8ChunkBytes};
+  if (t == DType::kBF16) return {kPanelRows, 4};  // pairs, for vdpbf16ps
+  return {kPanelRows, static_cast<int64_t>(dtype_row_bytes(t, 1))};
 }
 
 bool can_interleave(const WeightMatrix& w) {

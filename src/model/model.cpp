@@ -394,7 +394,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
       const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws_.gate.data(), F}, {&w.w_up, ws_.up.data(), F}};
       const kernels::MatmulInput in = norm_rows(w.ffn_norm, gate_up, n, pool);
       OpTimer timer(prof, Op::kGateUp);
-      kernels::matmul(gate_up, in, n, pool, kernels::MatmulSplit{kernels::kPanelRows, true}, swiglu);
+      kernels::matmul(gate_up, in, n, pool, kernels::MatmulSplit{.same_rows = true}, swiglu);
       account(Op::kGateUp, {&w.w_gate, &w.w_up}, n);
     }
     {
