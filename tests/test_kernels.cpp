@@ -12,6 +12,7 @@
 #include "kernels/attention.h"
 #include "kernels/isa.h"
 #include "kernels/isa_kernels.h"
+#include "kernels/kv_layout.h"
 #include "kernels/kv_write.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -432,12 +433,50 @@ TEST(Kernels, RmsNormQ8_0EqualsNormThenQuantize) {
   }
 }
 
+// One token's K and V rows (n_kv heads of s.head_dim), converted to t
+// element by element and stored at `slot` of a layer's K and V parts as
+// kv_layout.h lays them out: what the KV write must produce, and what the
+// attention tests read.
+void store_kv_reference(const float* k, const float* v, DType t, const KvBlockShape& s, int n_kv, uint8_t* k_part,
+                        uint8_t* v_part, int slot) {
+  const size_t elt = dtype_row_bytes(t, 1);
+  for (int h = 0; h < n_kv; ++h)
+    for (int d = 0; d < s.head_dim; ++d) {
+      const int64_t i = static_cast<int64_t>(h) * s.head_dim + d;
+      convert_row(k + i, t, k_part + static_cast<size_t>(kv_k_index(s, h, d, slot)) * elt, 1);
+      convert_row(v + i, t, v_part + static_cast<size_t>(kv_v_index(s, h, d, slot)) * elt, 1);
+    }
+}
+
+TEST(Kernels, KvLayoutPlacesEveryElementOnce) {
+  const KvBlockShape s{5, 3};
+  const int n_kv = 2;
+  std::vector<int> k_hits(static_cast<size_t>(n_kv * kv_head_elements(s)), 0), v_hits(k_hits.size(), 0);
+  for (int h = 0; h < n_kv; ++h)
+    for (int d = 0; d < s.head_dim; ++d)
+      for (int slot = 0; slot < s.block_size; ++slot) {
+        ++k_hits.at(static_cast<size_t>(kv_k_index(s, h, d, slot)));
+        ++v_hits.at(static_cast<size_t>(kv_v_index(s, h, d, slot)));
+      }
+  for (size_t i = 0; i < k_hits.size(); ++i) {
+    EXPECT_EQ(k_hits[i], 1) << i;
+    EXPECT_EQ(v_hits[i], 1) << i;
+  }
+  // K is transposed per head (slots of one dimension adjacent), V is not (dimensions of one slot adjacent).
+  EXPECT_EQ(kv_k_index(s, 1, 2, 1) + 1, kv_k_index(s, 1, 2, 2));
+  EXPECT_EQ(kv_v_index(s, 1, 2, 1) + 1, kv_v_index(s, 1, 3, 1));
+  EXPECT_EQ(kv_k_index(s, 1, 0, 0), kv_head_elements(s));
+  EXPECT_EQ(kv_v_index(s, 1, 0, 0), kv_head_elements(s));
+}
+
 // The fused RoPE -> KV write stores bitwise what rotating and then converting
-// each row gives, in every variant, for one row and many, written in two head
+// each row gives, in the pool's layout, in every variant, for one row and
+// many (over several blocks, the last one partly filled), written in two head
 // ranges (as two threads' matmul epilogues do), with a partial rotation and a
 // head size that leaves vector tails.
 TEST(Kernels, RopeWriteKvEqualsRotateThenConvert) {
-  const int n_kv = 3, hd = 20;
+  const int n_kv = 3, hd = 20, bs = 16;
+  const KvBlockShape shape{hd, bs};
   const int64_t width = n_kv * hd;
   RopeParams rope;
   rope.n_rot = 12;
@@ -452,25 +491,27 @@ TEST(Kernels, RopeWriteKvEqualsRotateThenConvert) {
     std::vector<float> k0(static_cast<size_t>(n_rows * width)), v(k0.size());
     for (auto& f : k0) f = u(rng);
     for (auto& f : v) f = u(rng);
+    const int64_t n_blocks = (n_rows + bs - 1) / bs;
     for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-      const size_t rb = dtype_row_bytes(t, width);
+      const size_t part = dtype_row_bytes(t, width) * bs;
+      // Row r goes to slot r % bs of block r / bs; a block is [K part, V part].
+      auto k_part = [&](std::vector<uint8_t>& pool, int64_t r) { return pool.data() + static_cast<size_t>(r / bs * 2) * part; };
+      auto v_part = [&](std::vector<uint8_t>& pool, int64_t r) { return k_part(pool, r) + part; };
       std::vector<float> k_rot = k0;
       rope_apply(k_rot.data(), width, n_rows, n_kv, hd, rope, cs.data(), sn.data());
-      std::vector<uint8_t> want(rb * static_cast<size_t>(2 * n_rows));
-      for (int64_t r = 0; r < n_rows; ++r) {
-        convert_row(k_rot.data() + r * width, t, want.data() + static_cast<size_t>(2 * r) * rb, width);
-        convert_row(v.data() + r * width, t, want.data() + static_cast<size_t>(2 * r + 1) * rb, width);
-      }
+      std::vector<uint8_t> want(part * static_cast<size_t>(2 * n_blocks), 0xEE);
+      for (int64_t r = 0; r < n_rows; ++r)
+        store_kv_reference(k_rot.data() + r * width, v.data() + r * width, t, shape, n_kv, k_part(want, r),
+                           v_part(want, r), static_cast<int>(r % bs));
       for (Isa isa : supported_isas()) {
         set_active_isa(isa);
         std::vector<float> k = k0;
         std::vector<uint8_t> got(want.size(), 0xEE);
         std::vector<KvSlot> slots;
-        for (int64_t r = 0; r < n_rows; ++r)
-          slots.push_back({got.data() + static_cast<size_t>(2 * r) * rb, got.data() + static_cast<size_t>(2 * r + 1) * rb});
+        for (int64_t r = 0; r < n_rows; ++r) slots.push_back({k_part(got, r), v_part(got, r), static_cast<int>(r % bs)});
         for (auto [h0, h1] : {std::pair{0, 1}, std::pair{1, n_kv}}) {
-          rope_write_k(k.data(), width, n_rows, h0, h1, hd, rope, cs.data(), sn.data(), slots.data(), t);
-          write_v(v.data(), width, n_rows, h0, h1, hd, slots.data(), t);
+          rope_write_k(k.data(), width, n_rows, h0, h1, shape, rope, cs.data(), sn.data(), slots.data(), t);
+          write_v(v.data(), width, n_rows, h0, h1, shape, slots.data(), t);
         }
         EXPECT_EQ(got, want) << isa_name(isa) << " " << dtype_name(t) << " rows " << n_rows;
       }
@@ -506,13 +547,13 @@ struct AttentionProblem {
     pool.assign(block_bytes * static_cast<size_t>(max_block + 1), 0);
     for (int p = 0; p < n_pos; ++p) {
       uint8_t* blk = pool.data() + static_cast<size_t>(table[static_cast<size_t>(p / bs)]) * block_bytes;
-      convert_row(k.data() + p * n_kv * hd, t, blk + static_cast<size_t>(p % bs) * row_bytes, n_kv * hd);
-      convert_row(v.data() + p * n_kv * hd, t, blk + (static_cast<size_t>(bs) + p % bs) * row_bytes, n_kv * hd);
+      store_kv_reference(k.data() + p * n_kv * hd, v.data() + p * n_kv * hd, t, KvBlockShape{hd, bs}, n_kv, blk,
+                         blk + static_cast<size_t>(bs) * row_bytes, p % bs);
     }
   }
 
   PagedKvLayer layer() const {
-    return PagedKvLayer{pool.data(), block_bytes, 0, static_cast<size_t>(bs) * row_bytes, row_bytes, bs, dtype};
+    return PagedKvLayer{pool.data(), block_bytes, 0, static_cast<size_t>(bs) * row_bytes, bs, dtype};
   }
 
   // Query rows [first, first + count) as chunks of the given sizes, each its own sequence entry.

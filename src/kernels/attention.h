@@ -20,14 +20,14 @@ class ThreadPool;
 
 namespace tandem::kernels {
 
-// Where one layer's K and V rows live in a block-major pool: block b starts at
-// base + b * block_bytes; its K row for slot s at + k_offset + s * row_bytes.
+// Where one layer's K and V live in a block-major pool: block b starts at
+// base + b * block_bytes, the layer's K part at + k_offset and its V part at
+// + v_offset, each laid out per head as kv_layout.h says.
 struct PagedKvLayer {
   const uint8_t* base = nullptr;
   size_t block_bytes = 0;
   size_t k_offset = 0;
   size_t v_offset = 0;
-  size_t row_bytes = 0;  // one token's K (or V) for all KV heads
   int block_size = 0;
   DType dtype = DType::kF16;
 };

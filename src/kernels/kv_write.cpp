@@ -1,33 +1,56 @@
 #include "kernels/kv_write.h"
 
+#include <cstring>
+#include <vector>
+
 #include "kernels/isa_kernels.h"
 #include "util/error.h"
 
 namespace tandem::kernels {
 
-void rope_write_k(float* k, int64_t ld, int64_t n_rows, int head_begin, int head_end, int head_dim,
+namespace {
+
+// One row's narrowed K values (heads [head_begin, head_end), row-major) to
+// their transposed places, one Bytes-wide element per store.
+template <size_t Bytes>
+void scatter_k(const uint8_t* src, int head_begin, int head_end, const KvBlockShape& s, const KvSlot& slot) {
+  const uint8_t* p = src;
+  for (int h = head_begin; h < head_end; ++h)
+    for (int d = 0; d < s.head_dim; ++d, p += Bytes)
+      std::memcpy(slot.k + static_cast<size_t>(kv_k_index(s, h, d, slot.slot)) * Bytes, p, Bytes);
+}
+
+}  // namespace
+
+void rope_write_k(float* k, int64_t ld, int64_t n_rows, int head_begin, int head_end, const KvBlockShape& shape,
                   const RopeParams& rope, const float* cos_t, const float* sin_t, const KvSlot* slots, DType dtype) {
   TANDEM_ASSERT(dtype != DType::kQ8_0, "the KV cache is f32, f16 or bf16");
   const NarrowFn narrow = active_kernels().narrow;
-  const int64_t col = static_cast<int64_t>(head_begin) * head_dim;
-  const int64_t width = static_cast<int64_t>(head_end - head_begin) * head_dim;
-  const size_t offset = dtype_row_bytes(dtype, col);
+  const int64_t col = static_cast<int64_t>(head_begin) * shape.head_dim;
+  const int64_t width = static_cast<int64_t>(head_end - head_begin) * shape.head_dim;
   const int half = rope.n_rot / 2;
+  // A row narrowed in a row-major scratch first (the vector conversion), then
+  // placed element by element into the transposed K.
+  thread_local std::vector<uint8_t> row;
+  row.resize(dtype_row_bytes(dtype, width));
+  const bool wide = dtype == DType::kF32;
   for (int64_t t = 0; t < n_rows; ++t) {
     float* kr = k + t * ld + col;
-    rope_apply(kr, ld, 1, head_end - head_begin, head_dim, rope, cos_t + t * half, sin_t + t * half);
-    narrow(dtype, kr, slots[t].k + offset, width);
+    rope_apply(kr, ld, 1, head_end - head_begin, shape.head_dim, rope, cos_t + t * half, sin_t + t * half);
+    narrow(dtype, kr, row.data(), width);
+    if (wide) scatter_k<4>(row.data(), head_begin, head_end, shape, slots[t]);
+    else scatter_k<2>(row.data(), head_begin, head_end, shape, slots[t]);
   }
 }
 
-void write_v(const float* v, int64_t ld, int64_t n_rows, int head_begin, int head_end, int head_dim,
+void write_v(const float* v, int64_t ld, int64_t n_rows, int head_begin, int head_end, const KvBlockShape& shape,
              const KvSlot* slots, DType dtype) {
   TANDEM_ASSERT(dtype != DType::kQ8_0, "the KV cache is f32, f16 or bf16");
   const NarrowFn narrow = active_kernels().narrow;
-  const int64_t col = static_cast<int64_t>(head_begin) * head_dim;
-  const int64_t width = static_cast<int64_t>(head_end - head_begin) * head_dim;
-  const size_t offset = dtype_row_bytes(dtype, col);
-  for (int64_t t = 0; t < n_rows; ++t) narrow(dtype, v + t * ld + col, slots[t].v + offset, width);
+  for (int64_t t = 0; t < n_rows; ++t)
+    for (int h = head_begin; h < head_end; ++h)
+      narrow(dtype, v + t * ld + static_cast<int64_t>(h) * shape.head_dim,
+             slots[t].v + dtype_row_bytes(dtype, kv_v_index(shape, h, 0, slots[t].slot)), shape.head_dim);
 }
 
 }  // namespace tandem::kernels

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/isa_kernels.h"
+#include "kernels/kv_layout.h"
 
 namespace tandem::kernels {
 namespace {  // NOLINT(google-build-namespaces): see gemm_driver.h
@@ -162,16 +163,19 @@ void attention_tile_vec(const AttentionTileArgs& a) {
   const int bs_pad = (bs + W - 1) / W * W;
   const int hd = a.head_dim;
   const int64_t n_queries = static_cast<int64_t>(a.n_rows) * a.group;
-  const size_t head_bytes = dtype_row_bytes(kv.dtype, hd);
-  const size_t head_offset = static_cast<size_t>(a.kv_head) * head_bytes;
+  // This head's K and V pieces in every block (kv_layout.h).
+  const KvBlockShape shape{hd, bs};
+  const size_t piece_bytes = dtype_row_bytes(kv.dtype, kv_head_elements(shape));
+  const size_t k_piece = kv.k_offset + static_cast<size_t>(a.kv_head) * piece_bytes;
+  const size_t v_piece = kv.v_offset + static_cast<size_t>(a.kv_head) * piece_bytes;
 
-  thread_local std::vector<float> kt, kf, vf, scores, out, run_max, run_sum;
-  // Stale values in kt's padding lanes and in `out` are never used: padding
-  // scores are overwritten with -inf, and block 0 (which every query visits
-  // first) starts its output sums from zero.
+  thread_local std::vector<float> kt, vf, scores, out, run_max, run_sum;
+  // Stale values in kt's padding lanes (and in its slots past the block's
+  // last valid one) and in `out` are never used: scores past a query's limit
+  // are overwritten with -inf, and block 0 (which every query visits first)
+  // starts its output sums from zero.
   kt.resize(static_cast<size_t>(hd) * static_cast<size_t>(bs_pad));
   vf.resize(static_cast<size_t>(bs) * static_cast<size_t>(hd));
-  kf.resize(static_cast<size_t>(bs) * static_cast<size_t>(hd));
   scores.resize(static_cast<size_t>(kQueriesPerPass * bs_pad));
   out.resize(static_cast<size_t>(n_queries * hd));
   run_max.assign(static_cast<size_t>(n_queries), -std::numeric_limits<float>::infinity());
@@ -181,36 +185,31 @@ void attention_tile_vec(const AttentionTileArgs& a) {
 
   const int32_t last_position = a.first_position + a.n_rows - 1;
   const int32_t n_blocks = last_position / bs + 1;
-  // This head's K and V rows of a block are short pieces (head_bytes) a row
-  // apart, usually not in cache in decode: ask for a block's lines one block
-  // ahead, or the loads below wait on memory one after another.
+  // In decode the pieces are usually not in cache: ask for a block's lines
+  // one block ahead, or the loads below wait on memory one after another.
+  auto valid_in = [&](int32_t b) { return std::min(bs, last_position - b * bs + 1); };
   auto prefetch_block = [&](int32_t b) {
     const uint8_t* block = kv.base + static_cast<size_t>(a.block_table[b]) * kv.block_bytes;
-    const int rows = std::min(bs, last_position - b * bs + 1);
-    for (int j = 0; j < rows; ++j) {
-      for (size_t off = 0; off < head_bytes; off += 64) {
-        __builtin_prefetch(block + kv.k_offset + static_cast<size_t>(j) * kv.row_bytes + head_offset + off);
-        __builtin_prefetch(block + kv.v_offset + static_cast<size_t>(j) * kv.row_bytes + head_offset + off);
-      }
-    }
+    const size_t v_bytes = dtype_row_bytes(kv.dtype, int64_t{valid_in(b)} * hd);
+    for (size_t off = 0; off < piece_bytes; off += 64) __builtin_prefetch(block + k_piece + off);
+    for (size_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(block + v_piece + off);
   };
   prefetch_block(0);
   for (int32_t b = 0; b < n_blocks; ++b) {
     if (b + 1 < n_blocks) prefetch_block(b + 1);
     const int32_t block_first = b * bs;
-    const int n_valid = std::min(bs, last_position - block_first + 1);
+    const int n_valid = valid_in(b);
     const uint8_t* block = kv.base + static_cast<size_t>(a.block_table[b]) * kv.block_bytes;
-    // Widen every K row first and transpose afterwards: reading a value back
-    // right after its vector store stalls store-to-load forwarding (it cost
-    // most of the attention time when done row by row).
-    for (int j = 0; j < n_valid; ++j) {
-      Vec::widen(kv.dtype, block + kv.k_offset + static_cast<size_t>(j) * kv.row_bytes + head_offset,
-                 kf.data() + static_cast<size_t>(j) * static_cast<size_t>(hd), hd);
-      Vec::widen(kv.dtype, block + kv.v_offset + static_cast<size_t>(j) * kv.row_bytes + head_offset,
-                 vf.data() + static_cast<size_t>(j) * static_cast<size_t>(hd), hd);
+    // K arrives transposed, one row of bs slots per dimension: widened as it
+    // is when rows fill whole vectors, else row by row into the padded rows.
+    if (bs == bs_pad) {
+      Vec::widen(kv.dtype, block + k_piece, kt.data(), kv_head_elements(shape));
+    } else {
+      for (int d = 0; d < hd; ++d)
+        Vec::widen(kv.dtype, block + k_piece + dtype_row_bytes(kv.dtype, int64_t{d} * bs),
+                   kt.data() + static_cast<size_t>(d) * static_cast<size_t>(bs_pad), bs);
     }
-    for (int j = 0; j < n_valid; ++j)
-      for (int d = 0; d < hd; ++d) kt[static_cast<size_t>(d * bs_pad + j)] = kf[static_cast<size_t>(j * hd + d)];
+    Vec::widen(kv.dtype, block + v_piece, vf.data(), int64_t{n_valid} * hd);
     st.first_block = b == 0;
     // Rows before the block's first position do not reach it. Queries are
     // taken in tile order (row, then head of the group); a pass holds

@@ -22,7 +22,8 @@ KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
   if (shape.n_layers <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size <= 0 ||
       shape.n_blocks <= 0)
     throw Error("KV pool shape must be positive in every dimension");
-  row_bytes_ = kernels::dtype_row_bytes(shape.dtype, static_cast<int64_t>(shape.n_kv_heads) * shape.head_dim);
+  part_bytes_ = kernels::dtype_row_bytes(shape.dtype, static_cast<int64_t>(shape.n_kv_heads) * shape.head_dim) *
+                static_cast<size_t>(shape.block_size);
   block_bytes_ = bytes_per_block(shape);
   // Anonymous mapping: page-aligned (ready to register for RMA later) and zeroed.
   void* p = mmap(nullptr, size_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -58,23 +59,19 @@ uint8_t* KvPool::block(int32_t b) {
   return data_ + static_cast<size_t>(b) * block_bytes_;
 }
 
-uint8_t* KvPool::k_row(int32_t b, int layer, int slot) {
-  TANDEM_ASSERT(layer >= 0 && layer < shape_.n_layers && slot >= 0 && slot < shape_.block_size);
-  return block(b) + (static_cast<size_t>(layer) * 2 * static_cast<size_t>(shape_.block_size) + static_cast<size_t>(slot)) * row_bytes_;
+uint8_t* KvPool::k_part(int32_t b, int layer) {
+  TANDEM_ASSERT(layer >= 0 && layer < shape_.n_layers);
+  return block(b) + static_cast<size_t>(layer) * 2 * part_bytes_;
 }
 
-uint8_t* KvPool::v_row(int32_t b, int layer, int slot) {
-  TANDEM_ASSERT(layer >= 0 && layer < shape_.n_layers && slot >= 0 && slot < shape_.block_size);
-  return block(b) + ((static_cast<size_t>(layer) * 2 + 1) * static_cast<size_t>(shape_.block_size) + static_cast<size_t>(slot)) * row_bytes_;
-}
+uint8_t* KvPool::v_part(int32_t b, int layer) { return k_part(b, layer) + part_bytes_; }
 
 kernels::PagedKvLayer KvPool::layer_view(int layer) const {
   kernels::PagedKvLayer v;
   v.base = data_;
   v.block_bytes = block_bytes_;
-  v.k_offset = static_cast<size_t>(layer) * 2 * static_cast<size_t>(shape_.block_size) * row_bytes_;
-  v.v_offset = v.k_offset + static_cast<size_t>(shape_.block_size) * row_bytes_;
-  v.row_bytes = row_bytes_;
+  v.k_offset = static_cast<size_t>(layer) * 2 * part_bytes_;
+  v.v_offset = v.k_offset + part_bytes_;
   v.block_size = shape_.block_size;
   v.dtype = shape_.dtype;
   return v;

@@ -1,10 +1,11 @@
 // The KV cache memory of one instance: one contiguous allocation, block-major.
 //
 // Block b holds every layer's K and V for block_size consecutive token slots:
-//   block b = [layer 0: K rows (block_size x kv_dim), V rows][layer 1: ...]...
+//   block b = [layer 0: K part, V part][layer 1: ...]...
 // so moving a request's KV to another instance is one copy (one RMA operation
-// later) per block, not one per block per layer. A row is one token's K (or V)
-// for all KV heads: kv_dim = n_kv_heads * head_dim elements of the pool dtype.
+// later) per block, not one per block per layer. A part holds block_size x
+// kv_dim elements of the pool dtype (kv_dim = n_kv_heads * head_dim), laid out
+// per head as kernels/kv_layout.h says (K transposed).
 #pragma once
 
 #include <cstddef>
@@ -33,15 +34,15 @@ class KvPool {
   KvPool& operator=(const KvPool&) = delete;
 
   const KvPoolShape& shape() const { return shape_; }
-  size_t row_bytes() const { return row_bytes_; }
   size_t block_bytes() const { return block_bytes_; }
   size_t size_bytes() const { return block_bytes_ * static_cast<size_t>(shape_.n_blocks); }
   uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }
 
   uint8_t* block(int32_t b);
-  uint8_t* k_row(int32_t block, int layer, int slot);
-  uint8_t* v_row(int32_t block, int layer, int slot);
+  // A layer's K and V parts of a block.
+  uint8_t* k_part(int32_t block, int layer);
+  uint8_t* v_part(int32_t block, int layer);
   // The view attention needs for one layer.
   kernels::PagedKvLayer layer_view(int layer) const;
 
@@ -50,7 +51,7 @@ class KvPool {
 
  private:
   KvPoolShape shape_;
-  size_t row_bytes_ = 0;
+  size_t part_bytes_ = 0;  // one layer's K (or V) part of a block
   size_t block_bytes_ = 0;
   uint8_t* data_ = nullptr;
 };

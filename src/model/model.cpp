@@ -315,11 +315,12 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   auto kv_slots_of_layer = [&](int64_t l) {
     for (int64_t t = 0; t < n; ++t) {
       const auto [block, slot] = slot_of_row[static_cast<size_t>(t)];
-      ws_.kv_slots[static_cast<size_t>(t)] = {kv.k_row(block, static_cast<int>(l), slot),
-                                              kv.v_row(block, static_cast<int>(l), slot)};
+      ws_.kv_slots[static_cast<size_t>(t)] = {kv.k_part(block, static_cast<int>(l)),
+                                              kv.v_part(block, static_cast<int>(l)), slot};
     }
   };
   const int hd = static_cast<int>(c.head_dim);
+  const kernels::KvBlockShape kv_block{hd, kv.shape().block_size};
   // QKV threads take whole heads (the epilogue ropes and writes per head), and
   // whole panels where the shapes allow.
   kernels::MatmulSplit qkv_split{std::lcm(c.head_dim, kernels::kPanelRows)};
@@ -369,10 +370,10 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
         if (index == 0) {
           kernels::rope_apply(y + b, q_dim, n, h1 - h0, hd, rope, ws_.cos.data(), ws_.sin.data());
         } else if (index == 1) {
-          kernels::rope_write_k(y, kv_dim, n, h0, h1, hd, rope, ws_.cos.data(), ws_.sin.data(), ws_.kv_slots.data(),
+          kernels::rope_write_k(y, kv_dim, n, h0, h1, kv_block, rope, ws_.cos.data(), ws_.sin.data(), ws_.kv_slots.data(),
                                 kv.shape().dtype);
         } else {
-          kernels::write_v(y, kv_dim, n, h0, h1, hd, ws_.kv_slots.data(), kv.shape().dtype);
+          kernels::write_v(y, kv_dim, n, h0, h1, kv_block, ws_.kv_slots.data(), kv.shape().dtype);
         }
       };
       kernels::matmul(qkv, in, n, pool, qkv_split, epilogue);
