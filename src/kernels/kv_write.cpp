@@ -14,6 +14,7 @@ namespace {
 // their transposed places, one Bytes-wide element per store.
 template <size_t Bytes>
 void scatter_k(const uint8_t* src, int head_begin, int head_end, const KvBlockShape& s, const KvSlot& slot) {
+  TANDEM_ASSERT(slot.slot >= 0 && slot.slot < s.block_size, "KV slot outside its block");
   const uint8_t* p = src;
   for (int h = head_begin; h < head_end; ++h)
     for (int d = 0; d < s.head_dim; ++d, p += Bytes)
@@ -47,10 +48,12 @@ void write_v(const float* v, int64_t ld, int64_t n_rows, int head_begin, int hea
              const KvSlot* slots, DType dtype) {
   TANDEM_ASSERT(dtype != DType::kQ8_0, "the KV cache is f32, f16 or bf16");
   const NarrowFn narrow = active_kernels().narrow;
-  for (int64_t t = 0; t < n_rows; ++t)
+  for (int64_t t = 0; t < n_rows; ++t) {
+    TANDEM_ASSERT(slots[t].slot >= 0 && slots[t].slot < shape.block_size, "KV slot outside its block");
     for (int h = head_begin; h < head_end; ++h)
       narrow(dtype, v + t * ld + static_cast<int64_t>(h) * shape.head_dim,
              slots[t].v + dtype_row_bytes(dtype, kv_v_index(shape, h, 0, slots[t].slot)), shape.head_dim);
+  }
 }
 
 }  // namespace tandem::kernels
