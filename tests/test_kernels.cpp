@@ -544,7 +544,9 @@ struct AttentionProblem {
     for (auto& f : v) f = u(rng);
     for (auto& f : q) f = u(rng);
     const int32_t max_block = *std::max_element(table.begin(), table.end());
-    pool.assign(block_bytes * static_cast<size_t>(max_block + 1), 0);
+    // Slots no position was written to hold NaN (0xFF bytes in every dtype):
+    // attention must never let them reach a result.
+    pool.assign(block_bytes * static_cast<size_t>(max_block + 1), 0xFF);
     for (int p = 0; p < n_pos; ++p) {
       uint8_t* blk = pool.data() + static_cast<size_t>(table[static_cast<size_t>(p / bs)]) * block_bytes;
       store_kv_reference(k.data() + p * n_kv * hd, v.data() + p * n_kv * hd, t, KvBlockShape{hd, bs}, n_kv, blk,

@@ -1,9 +1,9 @@
-// The fused RoPE -> KV write: K rows are rotated and stored into their KV
-// slots in one pass per row (while the row is in cache), V rows are stored
-// beside them, and neither is kept as f32 afterwards: attention reads the pool.
-// Both work on a range of heads, so that the thread that has just computed
-// those heads' K or V rows (a matmul epilogue) writes them. The pool's layout
-// inside a block is kv_layout.h's.
+// The fused RoPE -> KV write: each K row is rotated, narrowed to the pool
+// dtype and placed into its slot of the (transposed) K part while it is in
+// cache; each V row's heads are narrowed into the V part. Neither is kept as
+// f32 afterwards: attention reads the pool. Both work on a range of heads, so
+// that the thread that has just computed those heads' K or V rows (a matmul
+// epilogue) writes them. The layout inside a block is kv_layout.h's.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@ namespace tandem::kernels {
 struct KvSlot {
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
-  int slot = 0;
+  int slot = -1;  // must be set: the writes assert it lies in the block
 };
 
 // Heads [head_begin, head_end) of n_rows K rows, ld floats apart: rotated in
