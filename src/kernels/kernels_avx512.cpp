@@ -5,8 +5,9 @@
 // on plain rows and chunk groups, one 16-lane accumulator, lane j sums k = j,
 // j+16, j+32, ... in increasing k (the tail handled by a masked step), then
 // _mm512_reduce_add_ps; on panels (see tile_panel), one chain over k: an FMA
-// per k for f32/f16, a vdpbf16ps per k pair for bf16. Tiles of several rows and tokens only interleave independent
-// accumulators, so a token's result never depends on what else is in the batch.
+// per k for f32/f16, a vdpbf16ps per k pair for bf16. Tiles of several rows
+// and tokens only interleave independent accumulators, so a token's result
+// never depends on what else is in the batch.
 #include <immintrin.h>
 
 #include <algorithm>

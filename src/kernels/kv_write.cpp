@@ -32,14 +32,14 @@ void rope_write_k(float* k, int64_t ld, int64_t n_rows, int head_begin, int head
   const int half = rope.n_rot / 2;
   // A row narrowed in a row-major scratch first (the vector conversion), then
   // placed element by element into the transposed K.
+  const size_t elt = dtype_row_bytes(dtype, 1);  // 4 or 2
   thread_local std::vector<uint8_t> row;
-  row.resize(dtype_row_bytes(dtype, width));
-  const bool wide = dtype == DType::kF32;
+  row.resize(elt * static_cast<size_t>(width));
   for (int64_t t = 0; t < n_rows; ++t) {
     float* kr = k + t * ld + col;
     rope_apply(kr, ld, 1, head_end - head_begin, shape.head_dim, rope, cos_t + t * half, sin_t + t * half);
     narrow(dtype, kr, row.data(), width);
-    if (wide) scatter_k<4>(row.data(), head_begin, head_end, shape, slots[t]);
+    if (elt == 4) scatter_k<4>(row.data(), head_begin, head_end, shape, slots[t]);
     else scatter_k<2>(row.data(), head_begin, head_end, shape, slots[t]);
   }
 }
@@ -48,11 +48,12 @@ void write_v(const float* v, int64_t ld, int64_t n_rows, int head_begin, int hea
              const KvSlot* slots, DType dtype) {
   TANDEM_ASSERT(dtype != DType::kQ8_0, "the KV cache is f32, f16 or bf16");
   const NarrowFn narrow = active_kernels().narrow;
+  const size_t elt = dtype_row_bytes(dtype, 1);
   for (int64_t t = 0; t < n_rows; ++t) {
     TANDEM_ASSERT(slots[t].slot >= 0 && slots[t].slot < shape.block_size, "KV slot outside its block");
     for (int h = head_begin; h < head_end; ++h)
       narrow(dtype, v + t * ld + static_cast<int64_t>(h) * shape.head_dim,
-             slots[t].v + dtype_row_bytes(dtype, kv_v_index(shape, h, 0, slots[t].slot)), shape.head_dim);
+             slots[t].v + elt * static_cast<size_t>(kv_v_index(shape, h, 0, slots[t].slot)), shape.head_dim);
   }
 }
 

@@ -165,7 +165,8 @@ void attention_tile_vec(const AttentionTileArgs& a) {
   const int64_t n_queries = static_cast<int64_t>(a.n_rows) * a.group;
   // This head's K and V pieces in every block (kv_layout.h).
   const KvBlockShape shape{hd, bs};
-  const size_t piece_bytes = dtype_row_bytes(kv.dtype, kv_head_elements(shape));
+  const size_t elt = dtype_row_bytes(kv.dtype, 1);  // f32, f16 or bf16
+  const size_t piece_bytes = elt * static_cast<size_t>(kv_head_elements(shape));
   const size_t k_piece = kv.k_offset + static_cast<size_t>(a.kv_head) * piece_bytes;
   const size_t v_piece = kv.v_offset + static_cast<size_t>(a.kv_head) * piece_bytes;
 
@@ -190,7 +191,7 @@ void attention_tile_vec(const AttentionTileArgs& a) {
   auto valid_in = [&](int32_t b) { return std::min(bs, last_position - b * bs + 1); };
   auto prefetch_block = [&](int32_t b) {
     const uint8_t* block = kv.base + static_cast<size_t>(a.block_table[b]) * kv.block_bytes;
-    const size_t v_bytes = dtype_row_bytes(kv.dtype, int64_t{valid_in(b)} * hd);
+    const size_t v_bytes = elt * static_cast<size_t>(valid_in(b) * hd);
     for (size_t off = 0; off < piece_bytes; off += 64) __builtin_prefetch(block + k_piece + off);
     for (size_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(block + v_piece + off);
   };
@@ -206,7 +207,7 @@ void attention_tile_vec(const AttentionTileArgs& a) {
       Vec::widen(kv.dtype, block + k_piece, kt.data(), kv_head_elements(shape));
     } else {
       for (int d = 0; d < hd; ++d)
-        Vec::widen(kv.dtype, block + k_piece + dtype_row_bytes(kv.dtype, int64_t{d} * bs),
+        Vec::widen(kv.dtype, block + k_piece + elt * static_cast<size_t>(d * bs),
                    kt.data() + static_cast<size_t>(d) * static_cast<size_t>(bs_pad), bs);
     }
     Vec::widen(kv.dtype, block + v_piece, vf.data(), int64_t{n_valid} * hd);

@@ -12,18 +12,24 @@
 
 namespace tandem {
 
-size_t KvPool::bytes_per_block(const KvPoolShape& s) {
-  const size_t row = kernels::dtype_row_bytes(s.dtype, static_cast<int64_t>(s.n_kv_heads) * s.head_dim);
-  return row * static_cast<size_t>(s.block_size) * 2 * static_cast<size_t>(s.n_layers);
+namespace {
+
+// One layer's K (or V) part of a block: block_size tokens of kv_dim elements.
+size_t part_bytes(const KvPoolShape& s) {
+  return kernels::dtype_row_bytes(s.dtype, static_cast<int64_t>(s.n_kv_heads) * s.head_dim) *
+         static_cast<size_t>(s.block_size);
 }
+
+}  // namespace
+
+size_t KvPool::bytes_per_block(const KvPoolShape& s) { return part_bytes(s) * 2 * static_cast<size_t>(s.n_layers); }
 
 KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
   if (shape.dtype == kernels::DType::kQ8_0) throw Error("the KV cache dtype must be f32, f16 or bf16");
   if (shape.n_layers <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size <= 0 ||
       shape.n_blocks <= 0)
     throw Error("KV pool shape must be positive in every dimension");
-  part_bytes_ = kernels::dtype_row_bytes(shape.dtype, static_cast<int64_t>(shape.n_kv_heads) * shape.head_dim) *
-                static_cast<size_t>(shape.block_size);
+  part_bytes_ = part_bytes(shape);
   block_bytes_ = bytes_per_block(shape);
   // Anonymous mapping: page-aligned (ready to register for RMA later) and zeroed.
   void* p = mmap(nullptr, size_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
