@@ -12,6 +12,8 @@ inline int64_t monotonic_ns() {
       .count();
 }
 
+inline int64_t monotonic_ms() { return monotonic_ns() / 1'000'000; }
+
 class Stopwatch {
  public:
   Stopwatch() : start_ns_(monotonic_ns()) {}
