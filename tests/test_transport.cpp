@@ -18,6 +18,7 @@
 #include "transport/ucx_transport.h"
 #include "transport/wire.h"
 #include "util/clock.h"
+#include "util/constant_time.h"
 
 namespace tandem::transport {
 namespace {

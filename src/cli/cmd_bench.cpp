@@ -290,6 +290,7 @@ void add_bench(CLI::App& app) {
     std::fputc('\n', stderr);
     std::fputs((s->json ? loadgen::results_to_json(c, results) + "\n" : loadgen::results_to_table(results)).c_str(), stdout);
   });
+  add_bench_transfer(*bench);
 }
 
 }  // namespace tandem::cli

@@ -9,6 +9,7 @@ namespace tandem::cli {
 void add_make_model(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_bench_transfer(CLI::App& bench);
 void add_serve(CLI::App& app);
 void add_sim(CLI::App& app);
 

@@ -17,6 +17,7 @@
 #include "server/prometheus.h"
 #include "server/request_channel.h"
 #include "tokenizer/tokenizer.h"
+#include "util/constant_time.h"
 #include "util/error.h"
 
 namespace tandem::server {
@@ -149,7 +150,7 @@ void HttpServer::install_routes() {
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (config_.api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
     if (req.path == "/health" || req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") != "Bearer " + config_.api_key) {
+    if (!constant_time_equal(req.get_header_value("Authorization"), "Bearer " + config_.api_key)) {
       send_error(res, unauthorized());
       return httplib::Server::HandlerResponse::Handled;
     }

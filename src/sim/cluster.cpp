@@ -143,6 +143,7 @@ class Cluster {
   void send(const Message& m);
   void apply(SimNode& node, Outputs& out);
   void apply_effect(SimNode& node, const Effect& e);
+  void check_announced(const SimNode& node, const Message& m);
   void pump(SimNode& node);
   bool admit_one(SimNode& node);
   void handle(const Event& e);
@@ -261,9 +262,16 @@ void Cluster::send(const Message& m) {
   }
 }
 
+// The drivers' contract (docs/PD_PROTOCOL.md): a step's effects are
+// performed before its messages are sent, so a message never announces what
+// has not happened yet (addresses of memory not yet exposed, a write not yet
+// complete).
 void Cluster::apply(SimNode& node, Outputs& out) {
-  for (const Message& m : out.messages) send(m);
   for (const Effect& e : out.effects) apply_effect(node, e);
+  for (const Message& m : out.messages) {
+    check_announced(node, m);
+    send(m);
+  }
   for (const RequestEnd& end : out.request_ends) on_request_end(end);
   if (out.wake_at_ms < node.next_wake_ms) {
     node.next_wake_ms = std::max(out.wake_at_ms, now_);
@@ -275,6 +283,20 @@ void Cluster::apply(SimNode& node, Outputs& out) {
     push(std::move(e));
   }
   out.clear();
+}
+
+void Cluster::check_announced(const SimNode& node, const Message& m) {
+  std::string t = pd::transfer_name(m.transfer);
+  if (m.kind == MessageKind::kRemoteBlocks || m.kind == MessageKind::kKvAddresses) {
+    for (BlockId b : m.blocks)
+      if (!node.blocks.valid(b) || !node.blocks.exposed_to(b, m.to, m.transfer))
+        violation(t + ": n" + std::to_string(node.id) + " sent " + std::string(pd::name(m.kind)) + " naming block " +
+                  std::to_string(b) + " before exposing it to n" + std::to_string(m.to));
+  } else if (m.kind == MessageKind::kWriteDone) {
+    for (const auto& [id, op] : ops_)
+      if (op.write && op.initiator == node.id && op.transfer == m.transfer)
+        violation(t + ": n" + std::to_string(node.id) + " sent WriteDone while its write is still in flight");
+  }
 }
 
 void Cluster::apply_effect(SimNode& node, const Effect& e) {

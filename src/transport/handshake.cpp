@@ -2,6 +2,7 @@
 
 #include "kernels/dtype.h"
 #include "transport/bytes.h"
+#include "util/constant_time.h"
 
 namespace tandem::transport {
 namespace {

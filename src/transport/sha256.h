@@ -33,9 +33,4 @@ Digest sha256(std::span<const uint8_t> bytes);
 // HMAC-SHA256 of the concatenation of `parts` under `key`.
 Digest hmac_sha256(std::string_view key, std::initializer_list<std::span<const uint8_t>> parts);
 
-// Compares two byte strings in time that depends only on their lengths
-// (secrets, API keys and MACs must not leak a matching prefix by timing).
-bool constant_time_equal(std::span<const uint8_t> a, std::span<const uint8_t> b);
-bool constant_time_equal(std::string_view a, std::string_view b);
-
 }  // namespace tandem::transport
