@@ -125,14 +125,40 @@ std::optional<std::string> EngineCore::add_request(EngineRequest request, Refusa
 void EngineCore::abort_request(uint64_t id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_aborts_.push_back(id);
+    pending_aborts_.emplace_back(id, std::string());
+  }
+  cv_.notify_all();
+}
+
+void EngineCore::fail_request(uint64_t id, std::string message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_aborts_.emplace_back(id, message.empty() ? std::string("the request failed") : std::move(message));
+  }
+  cv_.notify_all();
+}
+
+void EngineCore::remote_kv_arrived(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_arrivals_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+void EngineCore::release_transfer_blocks(std::vector<int32_t> blocks) {
+  if (blocks.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_releases_.push_back(std::move(blocks));
   }
   cv_.notify_all();
 }
 
 bool EngineCore::has_work() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return scheduler_->has_work() || !pending_adds_.empty() || !pending_aborts_.empty();
+  return scheduler_->has_work() || !pending_adds_.empty() || !pending_aborts_.empty() ||
+         !pending_arrivals_.empty() || !pending_releases_.empty();
 }
 
 BlockManagerStats EngineCore::kv_stats() const {
@@ -146,21 +172,37 @@ void EngineCore::loop() {
     if (step()) continue;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::milliseconds(config_.idle_wait_ms), [&] {
-      return !pending_adds_.empty() || !pending_aborts_.empty() || !running_.load(std::memory_order_acquire);
+      return !pending_adds_.empty() || !pending_aborts_.empty() || !pending_arrivals_.empty() ||
+             !pending_releases_.empty() || !running_.load(std::memory_order_acquire);
     });
   }
 }
 
 void EngineCore::drain_inputs() {
   std::deque<EngineRequest> adds;
-  std::vector<uint64_t> aborts;
+  std::vector<std::pair<uint64_t, std::string>> aborts;
+  std::vector<uint64_t> arrivals;
+  std::vector<std::vector<int32_t>> releases;
   {
     std::lock_guard<std::mutex> lock(mu_);
     adds.swap(pending_adds_);
     aborts.swap(pending_aborts_);
+    arrivals.swap(pending_arrivals_);
+    releases.swap(pending_releases_);
   }
   for (auto& r : adds) admit(std::move(r));
-  for (uint64_t id : aborts) abort_now(id);
+  for (auto& [id, error] : aborts) abort_now(id, std::move(error));
+  for (uint64_t id : arrivals) {
+    auto it = awaiting_remote_kv_.find(id);
+    if (it == awaiting_remote_kv_.end()) continue;  // aborted meanwhile
+    scheduler_->add_waiting(it->second);
+    awaiting_remote_kv_.erase(it);
+  }
+  for (auto& blocks : releases) {
+    blocks_->release(blocks);
+    metrics_.transfer_blocks_held -= static_cast<int64_t>(blocks.size());
+  }
+  metrics_.waiting_remote_kv = static_cast<int64_t>(awaiting_remote_kv_.size());
 }
 
 void EngineCore::admit(EngineRequest&& req) {
@@ -180,25 +222,95 @@ void EngineCore::admit(EngineRequest&& req) {
   s->n_prompt = static_cast<int32_t>(req.prompt.size());
   metrics_.prompt_tokens += s->n_prompt;
   r->req = std::move(req);
-  scheduler_->add_waiting(s.get());
-  r->seqs.push_back(std::move(s));
   const uint64_t id = r->req.id;
   TANDEM_ASSERT(requests_.count(id) == 0, "request ids must be unique");
+  SeqState* seq = s.get();
+  r->seqs.push_back(std::move(s));
+  switch (r->req.kv_role) {
+    case KvRole::kLocal:
+      scheduler_->add_waiting(seq);
+      break;
+    case KvRole::kPrefillOnly:
+      // Only the first N-1 tokens: the decode computes token N itself.
+      seq->tokens.pop_back();
+      if (seq->tokens.empty()) {
+        finish_prefill_only(*r, *seq);  // nothing to compute, nothing to move
+        return;
+      }
+      scheduler_->add_waiting(seq);
+      break;
+    case KvRole::kRemoteKv:
+      return admit_remote(std::move(r));
+  }
   requests_[id] = std::move(r);
 }
 
-void EngineCore::abort_now(uint64_t id) {
+void EngineCore::admit_remote(std::unique_ptr<RequestState> r) {
+  SeqState& s = *r->seqs.front();
+  const int64_t n_moved_tokens = s.n_prompt - 1;
+  const int64_t bs = config_.block_size;
+  const int64_t n_blocks = (n_moved_tokens + bs - 1) / bs;
+  // The leading full blocks this instance already holds need not move.
+  BlockManager::PrefixMatch match = blocks_->acquire_prefix(s.tokens, n_moved_tokens);
+  RequestOutput out;
+  out.request_id = r->req.id;
+  out.prompt_tokens = s.n_prompt;
+  auto fresh = blocks_->allocate(n_blocks - static_cast<int64_t>(match.blocks.size()));
+  if (!fresh) {
+    if (!match.blocks.empty()) blocks_->release(match.blocks);
+    out.kv_event = KvEvent::kAllocationFailed;
+    out.finished = true;
+    out.error = "not enough free KV blocks for the transferred prompt";
+    if (r->req.sink) r->req.sink(std::move(out));
+    return;
+  }
+  s.blocks = match.blocks;
+  s.blocks.insert(s.blocks.end(), fresh->begin(), fresh->end());
+  s.hashes = match.hashes;
+  s.n_computed = n_moved_tokens;
+  r->cached_tokens = static_cast<int32_t>(match.n_tokens);
+  r->cached_reported = true;
+  // One more reference per block for the transfer: the blocks outlive the
+  // sequence while the peer may still reach them.
+  for (int32_t b : s.blocks) blocks_->add_ref(b);
+  metrics_.transfer_blocks_held += static_cast<int64_t>(s.blocks.size());
+  out.kv_event = KvEvent::kAllocated;
+  out.kv_blocks = s.blocks;
+  out.kv_cached_blocks = static_cast<int32_t>(match.blocks.size());
+  awaiting_remote_kv_[r->req.id] = &s;
+  const uint64_t id = r->req.id;
+  if (r->req.sink) r->req.sink(std::move(out));
+  requests_[id] = std::move(r);
+}
+
+void EngineCore::finish_prefill_only(RequestState& r, SeqState& s) {
+  RequestOutput out;
+  out.request_id = r.req.id;
+  out.prompt_tokens = s.n_prompt;
+  out.cached_tokens = r.cached_tokens;
+  out.kv_event = KvEvent::kPrefillComputed;
+  out.kv_blocks = s.blocks;  // the sequence's references become the transfer's
+  metrics_.transfer_blocks_held += static_cast<int64_t>(s.blocks.size());
+  s.blocks.clear();
+  s.hashes.clear();
+  s.finished = true;
+  out.finished = true;
+  if (r.req.sink) r.req.sink(std::move(out));
+}
+
+void EngineCore::abort_now(uint64_t id, std::string error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;  // finished already, or never admitted
   RequestState& r = *it->second;
+  awaiting_remote_kv_.erase(id);
   for (auto& s : r.seqs) {
     if (!s->finished) {
       scheduler_->remove(s.get());
       s->finished = true;
-      s->pending.finish = FinishReason::kAbort;
+      s->pending.finish = error.empty() ? FinishReason::kAbort : FinishReason::kError;
     }
   }
-  emit(r);
+  emit(r, std::move(error));
   ++metrics_.requests_aborted;
   requests_.erase(it);
 }
@@ -274,8 +386,9 @@ void EngineCore::process_logits(SeqState& s, const float* logits, std::vector<Re
   for (int32_t i = 0; i < best_of; ++i) append_token(r, *r.seqs[static_cast<size_t>(i)], firsts[static_cast<size_t>(i)]);
 }
 
-void EngineCore::emit(RequestState& r) {
+void EngineCore::emit(RequestState& r, std::string error) {
   RequestOutput out;
+  out.error = std::move(error);
   out.request_id = r.req.id;
   out.step = step_.load(std::memory_order_relaxed);
   out.prompt_tokens = static_cast<int32_t>(r.req.prompt.size());
@@ -339,9 +452,10 @@ bool EngineCore::step() {
 
   Batch batch;
   for (const ScheduledChunk& c : out.chunks) {
-    batch.add_sequence(std::span<const int32_t>(c.seq->tokens).subspan(static_cast<size_t>(c.start), static_cast<size_t>(c.length)),
-                       static_cast<int32_t>(c.start), c.seq->blocks, c.want_logits);
     auto* s = static_cast<SeqState*>(c.seq);
+    const bool prefill_only = s->owner->req.kv_role == KvRole::kPrefillOnly;
+    batch.add_sequence(std::span<const int32_t>(c.seq->tokens).subspan(static_cast<size_t>(c.start), static_cast<size_t>(c.length)),
+                       static_cast<int32_t>(c.start), c.seq->blocks, c.want_logits && !prefill_only);
     if (s->index == 0 && !s->owner->forked && !s->owner->cached_reported) {
       // The first chunk of a prompt starts after its cached prefix.
       s->owner->cached_reported = true;
@@ -355,14 +469,22 @@ bool EngineCore::step() {
   step_.store(step_no, std::memory_order_release);
 
   std::vector<RequestState*> touched;
+  std::vector<uint64_t> done;
   size_t row = 0;
   for (const ScheduledChunk& c : out.chunks) {
     if (!c.want_logits) continue;
     auto* s = static_cast<SeqState*>(c.seq);
+    if (s->owner->req.kv_role == KvRole::kPrefillOnly) {
+      // Its whole prompt (less the last token) is computed: the blocks leave
+      // the scheduler, held for the transfer.
+      scheduler_->detach(s);
+      finish_prefill_only(*s->owner, *s);
+      done.push_back(s->request_id);
+      continue;
+    }
     process_logits(*s, logits_.data() + row * static_cast<size_t>(n_vocab), touched);
     ++row;
   }
-  std::vector<uint64_t> done;
   for (RequestState* r : touched) {
     r->touched = false;
     emit(*r);

@@ -68,6 +68,15 @@ class EngineCore {
   int64_t kv_capacity_tokens() const { return n_blocks_ * config_.block_size; }
   // Thread-safe; idempotent; an unknown or finished id is ignored.
   void abort_request(uint64_t id);
+  // Thread-safe: ends the request with an error the client sees (`message`).
+  void fail_request(uint64_t id, std::string message);
+  // P/D, thread-safe. The remote KV of a kRemoteKv request has landed in its
+  // blocks: it starts computing token N. Unknown ids are ignored.
+  void remote_kv_arrived(uint64_t id);
+  // Drops the reference a transfer holds on these blocks (the protocol's Free).
+  void release_transfer_blocks(std::vector<int32_t> blocks);
+  // The pool the transfer transport registers (its base and size never change).
+  KvPool& kv_pool() { return *kv_; }
 
   // Without a thread (tests): runs one step if there is work. Returns whether it did.
   bool step();
@@ -90,11 +99,13 @@ class EngineCore {
   void loop();
   void drain_inputs();
   void admit(EngineRequest&& req);
-  void abort_now(uint64_t id);
+  void abort_now(uint64_t id, std::string error = {});
+  void admit_remote(std::unique_ptr<RequestState> r);
+  void finish_prefill_only(RequestState& r, SeqState& s);
   void process_logits(SeqState& s, const float* logits, std::vector<RequestState*>& touched);
   void append_token(RequestState& r, SeqState& s, const SampleResult& sample);
   void finish_sequence(RequestState& r, SeqState& s, FinishReason reason, std::string stop_reason = {});
-  void emit(RequestState& r);
+  void emit(RequestState& r, std::string error = {});
 
   Model& model_;
   const Tokenizer& tokenizer_;
@@ -112,7 +123,10 @@ class EngineCore {
   mutable std::mutex mu_;  // guards the input queues and kv_stats_
   std::condition_variable cv_;
   std::deque<EngineRequest> pending_adds_;
-  std::vector<uint64_t> pending_aborts_;
+  std::vector<std::pair<uint64_t, std::string>> pending_aborts_;  // (id, error or empty)
+  std::vector<uint64_t> pending_arrivals_;
+  std::vector<std::vector<int32_t>> pending_releases_;
+  std::map<uint64_t, SeqState*> awaiting_remote_kv_;  // decode: allocated, KV not yet here
   BlockManagerStats kv_stats_;
   std::atomic<bool> running_{false};
   std::thread thread_;

@@ -50,6 +50,8 @@ inline std::vector<double> latency_buckets_s() {
 struct EngineMetrics {
   std::atomic<int64_t> running{0};
   std::atomic<int64_t> waiting{0};
+  std::atomic<int64_t> waiting_remote_kv{0};      // P/D decode: allocated, KV not yet arrived
+  std::atomic<int64_t> transfer_blocks_held{0};   // P/D: block references held for transfers
   std::atomic<int64_t> kv_blocks_total{0};
   std::atomic<int64_t> kv_blocks_used{0};    // owned by sequences
   std::atomic<int64_t> kv_blocks_cached{0};  // evictable prefix-cache blocks

@@ -28,6 +28,15 @@ struct SequenceDelta {
   std::string stop_reason;            // the stop string, or the stop token id as text
 };
 
+// What a prefill/decode transfer needs to hear about a request's KV
+// (EngineRequest::kv_role other than kLocal).
+enum class KvEvent : uint8_t {
+  kNone,
+  kPrefillComputed,   // prefill: the KV of the prompt's first N-1 tokens is in kv_blocks
+  kAllocated,         // decode: kv_blocks will hold the first N-1 tokens' KV
+  kAllocationFailed,  // decode: not enough free blocks now
+};
+
 struct RequestOutput {
   uint64_t request_id = 0;
   uint64_t step = 0;  // engine step that produced it
@@ -36,13 +45,27 @@ struct RequestOutput {
   int32_t prompt_tokens = 0;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
   std::string error;          // set when the request failed
+  // P/D: the request's KV. The blocks carry one reference held for the
+  // transfer, dropped by EngineCore::release_transfer_blocks.
+  KvEvent kv_event = KvEvent::kNone;
+  std::vector<int32_t> kv_blocks;
+  int32_t kv_cached_blocks = 0;  // leading kv_blocks that were prefix-cache hits (decode)
 };
 
 // Called on the engine thread; must return quickly (push into a queue).
 using OutputSink = std::function<void(RequestOutput&&)>;
 
+// How a request's prompt KV comes to be.
+enum class KvRole : uint8_t {
+  kLocal,        // computed here, then decoded here
+  kPrefillOnly,  // prefill instance: compute prompt[0, N-1) and hold it (no sampling)
+  kRemoteKv,     // decode instance: allocate for prompt[0, N-1), wait for the KV to
+                 // arrive from a prefill, then compute token N and decode
+};
+
 struct EngineRequest {
   uint64_t id = 0;
+  KvRole kv_role = KvRole::kLocal;
   std::vector<int32_t> prompt;
   SamplingParams params;
   OutputSink sink;

@@ -44,6 +44,12 @@ void Scheduler::remove(Sequence* seq) {
   release_blocks(*seq);
 }
 
+void Scheduler::detach(Sequence* seq) {
+  auto r = std::find(running_.begin(), running_.end(), seq);
+  TANDEM_ASSERT(r != running_.end(), "only a running sequence is detached");
+  running_.erase(r);
+}
+
 void Scheduler::preempt(Sequence* seq) {
   release_blocks(*seq);
   seq->n_computed = 0;

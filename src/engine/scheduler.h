@@ -64,6 +64,9 @@ class Scheduler {
   void add_running_after(Sequence* sibling, const Sequence* parent);
   // Removes a sequence from whichever queue holds it and releases its blocks.
   void remove(Sequence* seq);
+  // Removes a sequence from the running set and leaves its blocks to the
+  // caller (a P/D transfer takes over their references).
+  void detach(Sequence* seq);
 
   SchedulerOutput schedule();
   // After the forward: marks the chunks computed and commits full blocks to the

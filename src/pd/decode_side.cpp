@@ -165,10 +165,12 @@ void DecodeSide::on_write_done(DecodeTransfer& t, const Message& m, TimeMs now_m
   send_ack(m, out);
   if (t.mode != TransferMode::kWrite) return drop(DropReason::kUnexpected);
   if (t.peer_released) return drop(DropReason::kDuplicate);
+  // Our addresses went out only once allocated; a WriteDone before that is not
+  // about our memory (a confused or hostile peer).
+  if (!t.exposed && !t.ending) return drop(DropReason::kUnexpected);
   t.peer_released = true;
   t.outbox.drop_kind(MessageKind::kRemoteBlocks);
   if (t.ending) return try_finish_end(t, now_ms, out);
-  TANDEM_ASSERT(t.state == DecodeState::kAwaitingWrite, "WriteDone before our addresses went out");
   revoke_access(t, out);
   kv_ready(t, now_ms, out);
 }
@@ -176,14 +178,13 @@ void DecodeSide::on_write_done(DecodeTransfer& t, const Message& m, TimeMs now_m
 void DecodeSide::on_kv_addresses(DecodeTransfer& t, const Message& m, TimeMs now_ms,
                                  Outputs* out) {
   if (t.mode != TransferMode::kRead) return drop(DropReason::kUnexpected);
+  int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  if (static_cast<int32_t>(m.blocks.size()) != n_moved || m.first_block != 0) return drop(DropReason::kInvalid);
   send_ack(m, out);
   if (t.addresses_known) return drop(DropReason::kDuplicate);
   // A READ decode is ending-but-not-ended only while its read is in flight,
   // and then it already has the addresses.
   TANDEM_ASSERT(!t.ending, "addresses for an ending transfer that never had them");
-  int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
-  TANDEM_ASSERT(static_cast<int32_t>(m.blocks.size()) == n_moved,
-                "prefill's address list does not cover the moved range");
   t.addresses_known = true;
   t.remote_blocks = m.blocks;
   t.remote_slot = m.state_slot;

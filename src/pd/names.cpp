@@ -45,7 +45,7 @@ std::string_view name(EndReason v) {
 std::string_view name(DropReason v) {
   return lookup(std::array<std::string_view, kDropReasonCount>{"unknown", "ended", "duplicate",
                                                                "stale_epoch", "wrong_peer",
-                                                               "unexpected"},
+                                                               "unexpected", "invalid"},
                 v);
 }
 std::string_view name(Mutation v) {

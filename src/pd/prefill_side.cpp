@@ -133,6 +133,12 @@ void PrefillSide::on_remote_blocks(PrefillTransfer& t, const Message& m, TimeMs 
   send_ack(m, out);
   if (t.ending) return drop(DropReason::kEnded);
   if (t.addresses_known) return drop(DropReason::kDuplicate);
+  // The decode names blocks for our moved range from first_block on: exactly
+  // the blocks it lacks. Anything else cannot be written.
+  int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  if (m.first_block < 0 || m.first_block > n_moved ||
+      static_cast<int64_t>(m.blocks.size()) != n_moved - m.first_block)
+    return drop(DropReason::kInvalid);
   t.addresses_known = true;
   t.first_remote_block = m.first_block;
   t.remote_blocks = m.blocks;

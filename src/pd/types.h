@@ -68,9 +68,13 @@ enum class EndReason : uint8_t {
 constexpr int kEndReasonCount = 14;
 
 // Messages dropped without effect, by reason.
-// kUnexpected: a kind (or a kind for the other transfer mode) this side never receives.
-enum class DropReason : uint8_t { kUnknown, kEnded, kDuplicate, kStaleEpoch, kWrongPeer, kUnexpected };
-constexpr int kDropReasonCount = 6;
+// kUnexpected: a kind (or a kind for the other transfer mode) this side never receives,
+// or one that cannot come in the transfer's state (WriteDone before our addresses).
+// kInvalid: well-formed on the wire but inconsistent with the transfer (an
+// address list that does not cover the moved range). A peer's message never
+// reaches an assert: what the protocol cannot use is dropped and counted.
+enum class DropReason : uint8_t { kUnknown, kEnded, kDuplicate, kStaleEpoch, kWrongPeer, kUnexpected, kInvalid };
+constexpr int kDropReasonCount = 7;
 
 // "t<router epoch>.<n>": transfer ids carry the minting router's epoch.
 std::string transfer_name(TransferId id);

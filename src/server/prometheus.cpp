@@ -47,6 +47,10 @@ std::string render_prometheus(const EngineMetrics& m, const std::string& model, 
   gauge("tandem_ready", "1 while the server admits requests, 0 while draining", ready ? 1 : 0);
   gauge("tandem_num_requests_running", "Sequences in the running set", static_cast<double>(m.running.load()));
   gauge("tandem_num_requests_waiting", "Sequences waiting to be scheduled", static_cast<double>(m.waiting.load()));
+  gauge("tandem_num_requests_waiting_remote_kv", "P/D decode: requests whose KV is still in transfer",
+        static_cast<double>(m.waiting_remote_kv.load()));
+  gauge("tandem_kv_blocks_held_for_transfer", "P/D: KV block references held for transfers",
+        static_cast<double>(m.transfer_blocks_held.load()));
   const double total = static_cast<double>(m.kv_blocks_total.load());
   gauge("tandem_kv_cache_usage_perc", "Fraction of KV blocks owned by sequences",
         total > 0 ? static_cast<double>(m.kv_blocks_used.load()) / total : 0);

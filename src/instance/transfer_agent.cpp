@@ -1,0 +1,378 @@
+#include "instance/transfer_agent.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <future>
+
+#include "util/clock.h"
+#include "util/error.h"
+
+namespace tandem::instance {
+
+using pd::EffectKind;
+using pd::MessageKind;
+using transport::TransportEvent;
+
+namespace {
+
+// Adjacent block pairs (local b, remote r) and (b+1, r+1) merge into one run,
+// so a request's KV moves in as few RMA operations as its allocation allows.
+std::vector<transport::RmaRun> coalesce(const std::vector<pd::BlockId>& local, const std::vector<pd::BlockId>& remote,
+                                        uint64_t block_bytes) {
+  std::vector<transport::RmaRun> runs;
+  for (size_t i = 0; i < local.size() && i < remote.size(); ++i) {
+    uint64_t l = static_cast<uint64_t>(local[i]) * block_bytes, r = static_cast<uint64_t>(remote[i]) * block_bytes;
+    if (!runs.empty() && runs.back().local_offset + runs.back().size_bytes == l &&
+        runs.back().remote_offset + runs.back().size_bytes == r) {
+      runs.back().size_bytes += block_bytes;
+    } else {
+      runs.push_back({l, r, block_bytes});
+    }
+  }
+  return runs;
+}
+
+}  // namespace
+
+TransferAgent::TransferAgent(EngineCore& engine, std::unique_ptr<transport::Transport> transport,
+                             const TransferAgentConfig& config)
+    : engine_(engine), transport_(std::move(transport)), config_(config) {
+  TANDEM_ASSERT(config.role == pd::Role::kPrefill || config.role == pd::Role::kDecode);
+  config_.protocol.block_size_tokens = static_cast<int32_t>(engine.kv_pool().shape().block_size);
+  block_bytes_ = engine.kv_pool().block_bytes();
+  listen_port_ = transport_->listen_port();
+  auto capacity = static_cast<int32_t>(engine.n_kv_blocks());
+  if (config.role == pd::Role::kPrefill)
+    prefill_ = std::make_unique<pd::PrefillSide>(config.node, config.epoch, capacity, config_.protocol);
+  else
+    decode_ = std::make_unique<pd::DecodeSide>(config.node, config.epoch, capacity, config_.protocol);
+}
+
+TransferAgent::~TransferAgent() { stop(); }
+
+pd::NodeCore& TransferAgent::core() {
+  if (prefill_) return *prefill_;
+  return *decode_;
+}
+
+void TransferAgent::start() {
+  if (running_.exchange(true)) return;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void TransferAgent::stop() {
+  if (!running_.exchange(false)) return;
+  transport_->wake();
+  if (thread_.joinable()) thread_.join();
+}
+
+void TransferAgent::post(Closure c) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(std::move(c));
+  }
+  transport_->wake();
+}
+
+void TransferAgent::connect(const std::string& host, uint16_t port) {
+  post([this, host, port] { transport_->connect(host, port); });
+}
+
+void TransferAgent::submit(PdRequest request) {
+  post([this, r = std::move(request)]() mutable {
+    pd::Message start = start_message(r);
+    requests_[r.transfer] = std::move(r);
+    run([&](pd::Outputs* out) { core().on_message(start, monotonic_ms(), out); });
+  });
+}
+
+void TransferAgent::cancel(pd::TransferId transfer) {
+  post([this, transfer] {
+    // The router's Abort, as the core knows it: it names the peer, so a
+    // transfer this side never started still releases the peer.
+    auto it = requests_.find(transfer);
+    pd::Message abort;
+    abort.kind = MessageKind::kAbort;
+    abort.from = config_.router_node;
+    abort.from_epoch = it != requests_.end() ? it->second.router_epoch : 1;
+    abort.to = config_.node;
+    abort.to_epoch = config_.epoch;
+    abort.transfer = transfer;
+    if (it != requests_.end()) {
+      abort.peer = it->second.peer;
+      abort.peer_epoch = it->second.peer_epoch;
+    }
+    run([&](pd::Outputs* out) { core().on_message(abort, monotonic_ms(), out); });
+  });
+}
+
+pd::Message TransferAgent::start_message(const PdRequest& r) const {
+  pd::Message m;
+  m.kind = config_.role == pd::Role::kPrefill ? MessageKind::kStartPrefill : MessageKind::kStartDecode;
+  m.from = config_.router_node;
+  m.from_epoch = r.router_epoch;
+  m.to = config_.node;
+  m.to_epoch = config_.epoch;
+  m.transfer = r.transfer;
+  m.mode = r.mode;
+  m.peer = r.peer;
+  m.peer_epoch = r.peer_epoch;
+  m.prompt_tokens = static_cast<int32_t>(r.prompt.size());
+  m.n_siblings = std::max(1, r.params.best_of);
+  m.max_tokens = r.params.max_tokens;
+  m.budget_ms = r.budget_ms;
+  return m;
+}
+
+void TransferAgent::run(const std::function<void(pd::Outputs*)>& call) {
+  pd::Outputs out;
+  call(&out);
+  execute(out);
+}
+
+void TransferAgent::execute(pd::Outputs& out) {
+  // The drivers' contract: effects before messages.
+  for (const pd::Effect& e : out.effects) apply(e);
+  for (const pd::Message& m : out.messages) send(m);
+  next_wake_ms_ = out.wake_at_ms;
+  out.clear();
+}
+
+void TransferAgent::send(const pd::Message& m) {
+  if (m.to == config_.router_node) {
+    // The router hears a request's fate through the client stream; what the
+    // core would tell it is acted on here. A decode that fails a transfer
+    // whose request still waits for its KV fails the request.
+    if (m.kind == MessageKind::kOutcome && m.reason != pd::EndReason::kCompleted && decode_)
+      engine_.fail_request(engine_id(m.transfer),
+                           "the KV transfer from the prefill instance failed (" + std::string(pd::name(m.reason)) + ")");
+    return;
+  }
+  if (!transport_->send(m.to, transport::encode_message(m))) ++counters_.unsent_messages;
+}
+
+void TransferAgent::apply(const pd::Effect& e) {
+  switch (e.kind) {
+    case EffectKind::kComputePrefill:
+    case EffectKind::kAllocate: {
+      auto it = requests_.find(e.transfer);
+      TANDEM_ASSERT(it != requests_.end(), "an engine effect for a request the agent never submitted");
+      PdRequest& r = it->second;
+      EngineRequest er;
+      er.id = engine_id(e.transfer);
+      er.prompt = r.prompt;
+      er.kv_role = e.kind == EffectKind::kComputePrefill ? KvRole::kPrefillOnly : KvRole::kRemoteKv;
+      if (e.kind == EffectKind::kComputePrefill) {
+        er.params.max_tokens = 1;  // nothing is sampled; the engine's checks see one token
+      } else {
+        er.params = r.params;
+      }
+      pd::TransferId transfer = e.transfer;
+      er.sink = [this, transfer](RequestOutput&& out) { on_engine_output(transfer, std::move(out)); };
+      if (auto refused = engine_.add_request(std::move(er))) {
+        if (prefill_) {
+          run([&](pd::Outputs* out) { prefill_->on_prefill_failed(transfer, monotonic_ms(), out); });
+        } else {
+          RequestOutput fail;
+          fail.finished = true;
+          fail.error = *refused;
+          if (r.sink) r.sink(std::move(fail));
+          run([&](pd::Outputs* out) { decode_->on_allocation_failed(transfer, monotonic_ms(), out); });
+        }
+      }
+      return;
+    }
+    case EffectKind::kCancel:
+      engine_.abort_request(engine_id(e.transfer));
+      return;
+    case EffectKind::kExpose:
+      // The pool is registered once; what a peer may reach is enforced by
+      // the protocol's quarantine and, when it ends, by fencing the peer.
+      ++counters_.exposes;
+      return;
+    case EffectKind::kRevokeAccess:
+      ++counters_.revokes;
+      return;
+    case EffectKind::kPostWrite:
+    case EffectKind::kPostRead: {
+      bool write = e.kind == EffectKind::kPostWrite;
+      pd::TransferId transfer = e.transfer;
+      ++counters_.rma_posts;
+      auto runs = coalesce(e.local_blocks, e.remote_blocks, block_bytes_);
+      if (runs.empty()) {
+        // A zero-block transfer (N = 1, or a full prefix hit) completes at once.
+        post([this, transfer, write] {
+          run([&](pd::Outputs* out) {
+            if (write) prefill_->on_write_done(transfer, pd::RmaResult::kOk, monotonic_ms(), out);
+            else decode_->on_read_done(transfer, pd::RmaResult::kOk, monotonic_ms(), out);
+          });
+        });
+        return;
+      }
+      transport_->post(e.peer, write ? transport::RmaOp::kPut : transport::RmaOp::kGet, std::move(runs), transfer,
+                       monotonic_ms() + config_.rma_timeout_ms);
+      return;
+    }
+    case EffectKind::kFree:
+      counters_.blocks_freed += static_cast<int64_t>(e.local_blocks.size());
+      engine_.release_transfer_blocks(e.local_blocks);
+      return;
+    case EffectKind::kStartSiblings:
+      siblings_[e.transfer] = e.siblings;
+      engine_.remote_kv_arrived(engine_id(e.transfer));
+      return;
+    case EffectKind::kStopSiblings: {
+      siblings_.erase(e.transfer);
+      const pd::DecodeTransfer* t = decode_ ? decode_->find(e.transfer) : nullptr;
+      pd::EndReason why = t != nullptr ? t->end_reason : pd::EndReason::kRouterAbort;
+      if (why == pd::EndReason::kClientAbort || why == pd::EndReason::kRouterAbort)
+        engine_.abort_request(engine_id(e.transfer));
+      else
+        engine_.fail_request(engine_id(e.transfer), "the request's transfer ended: " + std::string(pd::name(why)));
+      return;
+    }
+  }
+}
+
+// On the engine thread: the client's outputs go straight to its sink; what
+// the protocol must hear is posted to the agent.
+void TransferAgent::on_engine_output(pd::TransferId transfer, RequestOutput&& out) {
+  switch (out.kv_event) {
+    case KvEvent::kPrefillComputed:
+      post([this, transfer, blocks = std::move(out.kv_blocks)]() mutable {
+        run([&](pd::Outputs* o) { prefill_->on_prefill_computed(transfer, std::move(blocks), pd::kNoSlot, monotonic_ms(), o); });
+      });
+      return;
+    case KvEvent::kAllocated:
+      post([this, transfer, blocks = std::move(out.kv_blocks), cached = out.kv_cached_blocks]() mutable {
+        run([&](pd::Outputs* o) {
+          decode_->on_blocks_allocated(transfer, std::move(blocks), pd::kNoSlot, cached, monotonic_ms(), o);
+        });
+      });
+      return;
+    case KvEvent::kAllocationFailed:
+    case KvEvent::kNone:
+      break;
+  }
+  bool allocation_failed = out.kv_event == KvEvent::kAllocationFailed;
+  bool finished = out.finished;
+  std::vector<int32_t> finished_indexes;
+  for (const SequenceDelta& d : out.sequences)
+    if (d.finish != FinishReason::kNone) finished_indexes.push_back(d.index);
+  post([this, transfer, allocation_failed, finished, finished_indexes, out = std::move(out)]() mutable {
+    if (prefill_) return;  // a prefill request's only output is its KV
+    auto r = requests_.find(transfer);
+    if (r != requests_.end() && r->second.sink) r->second.sink(std::move(out));
+    if (allocation_failed)
+      return run([&](pd::Outputs* o) { decode_->on_allocation_failed(transfer, monotonic_ms(), o); });
+    auto s = siblings_.find(transfer);
+    if (s == siblings_.end()) return;
+    std::vector<pd::SiblingId> done;
+    for (int32_t i : finished_indexes)
+      if (i >= 0 && static_cast<size_t>(i) < s->second.size()) done.push_back(s->second[static_cast<size_t>(i)]);
+    // A request that ends before its siblings fork (an abort, an error) ends them all.
+    if (finished) done = s->second;
+    if (finished) siblings_.erase(s);
+    run([&](pd::Outputs* o) {
+      for (pd::SiblingId id : done) decode_->on_sibling_finished(id, monotonic_ms(), o);
+    });
+  });
+}
+
+void TransferAgent::on_event(TransportEvent& e) {
+  pd::TimeMs now = monotonic_ms();
+  switch (e.kind) {
+    case TransportEvent::Kind::kConnected: {
+      Peer& p = peers_[e.peer];
+      p.epoch = e.peer_epoch;
+      p.limits.peer_n_blocks = e.keys.n_blocks;
+      p.limits.peer_n_slots = e.keys.n_slots;
+      std::vector<pd::NodeId> targets;
+      for (const auto& [node, peer] : peers_) targets.push_back(node);
+      core().set_heartbeat_targets(std::move(targets));
+      return;
+    }
+    case TransportEvent::Kind::kMessage: {
+      auto p = peers_.find(e.peer);
+      if (p == peers_.end()) return;
+      pd::Message m;
+      transport::WireError err = transport::decode_message(e.frame, p->second.limits, &m);
+      if (err != transport::WireError::kNone) {
+        ++counters_.wire_errors[static_cast<size_t>(err)];
+        return;
+      }
+      if (m.from != e.peer || m.from_epoch != e.peer_epoch || m.to != config_.node) {
+        ++counters_.spoofed_frames;
+        return;
+      }
+      return run([&](pd::Outputs* out) { core().on_message(m, now, out); });
+    }
+    case TransportEvent::Kind::kRmaDone: {
+      if (!e.ok) ++counters_.rma_failures;
+      pd::RmaResult result = e.ok ? pd::RmaResult::kOk : pd::RmaResult::kFailed;
+      return run([&](pd::Outputs* out) {
+        if (prefill_) prefill_->on_write_done(e.tag, result, now, out);
+        else decode_->on_read_done(e.tag, result, now, out);
+      });
+    }
+    case TransportEvent::Kind::kRefused:
+    case TransportEvent::Kind::kPeerFailed:
+    case TransportEvent::Kind::kPeerFenced:
+      // Liveness is the core's: a failed peer stops heartbeating and its lease
+      // expires within lease_ms.
+      return;
+  }
+}
+
+void TransferAgent::loop() {
+  run([&](pd::Outputs* out) { core().start(monotonic_ms(), out); });
+  std::vector<TransportEvent> events;
+  while (running_.load(std::memory_order_acquire)) {
+    std::deque<Closure> work;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      work.swap(inbox_);
+    }
+    for (Closure& c : work) c();
+    pd::TimeMs now = monotonic_ms();
+    if (now >= next_wake_ms_) run([&](pd::Outputs* out) { core().on_timer(now, out); });
+    int timeout = static_cast<int>(std::clamp<pd::TimeMs>(next_wake_ms_ - monotonic_ms(), 0, config_.max_sleep_ms));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!inbox_.empty()) timeout = 0;
+    }
+    events.clear();
+    transport_->poll(timeout, &events);
+    for (TransportEvent& e : events) on_event(e);
+  }
+}
+
+std::optional<TransferAgent::Snapshot> TransferAgent::snapshot(int timeout_ms) {
+  auto promise = std::make_shared<std::promise<Snapshot>>();
+  std::future<Snapshot> future = promise->get_future();
+  post([this, promise] {
+    Snapshot s;
+    pd::TimeMs now = monotonic_ms();
+    if (prefill_) {
+      s.transfers_by_state = prefill_->count_by_state();
+      s.ages_by_state = prefill_->ages_by_state(now);
+      s.blocks_held = prefill_->blocks_held();
+      s.live_transfers = static_cast<int64_t>(prefill_->transfers().size()) -
+                         s.transfers_by_state[static_cast<size_t>(pd::PrefillState::kEnded)];
+    } else {
+      s.transfers_by_state = decode_->count_by_state();
+      s.ages_by_state = decode_->ages_by_state(now);
+      s.blocks_held = decode_->blocks_held();
+      s.live_transfers = static_cast<int64_t>(decode_->transfers().size()) -
+                         s.transfers_by_state[static_cast<size_t>(pd::DecodeState::kEnded)];
+    }
+    s.stats = core().stats();
+    s.counters = counters_;
+    for (const auto& [node, p] : peers_) s.connected_peers.push_back(node);
+    promise->set_value(std::move(s));
+  });
+  if (future.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) return std::nullopt;
+  return future.get();
+}
+
+}  // namespace tandem::instance

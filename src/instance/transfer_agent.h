@@ -1,0 +1,138 @@
+// The transfer agent of a prefill or decode instance: one thread that owns
+// the instance's protocol core (pd::PrefillSide or pd::DecodeSide) and its
+// transport, and bridges both to the engine.
+//
+// Everything the core decides runs here, in the drivers' contract order
+// (docs/PD_PROTOCOL.md): a call's effects first (engine work, RMA posts,
+// frees), then its messages. Other threads (HTTP handlers, the engine's output
+// sinks) never touch the core: they post closures to the agent's inbox and
+// wake its poll. The thread never sleeps longer than the core's next timer, a
+// transport deadline, or max_sleep_ms.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine_core.h"
+#include "engine/request.h"
+#include "pd/decode_side.h"
+#include "pd/prefill_side.h"
+#include "transport/transport.h"
+#include "transport/wire.h"
+
+namespace tandem::instance {
+
+struct TransferAgentConfig {
+  pd::Role role = pd::Role::kDecode;  // kPrefill or kDecode
+  pd::NodeId node = 0;
+  pd::Epoch epoch = 1;
+  pd::NodeId router_node = 1;  // Starts come from it (over HTTP); its acks and outcomes stay local
+  pd::ProtocolConfig protocol;
+  int64_t rma_timeout_ms = 60'000;  // one put or get; then its endpoint is force-closed
+  int max_sleep_ms = 50;
+};
+
+// One client request's part on this instance, as the router hands it over.
+struct PdRequest {
+  pd::TransferId transfer = 0;
+  pd::TransferMode mode = pd::TransferMode::kWrite;
+  pd::NodeId peer = 0;
+  pd::Epoch peer_epoch = 0;
+  pd::Epoch router_epoch = 1;
+  pd::TimeMs budget_ms = 900'000;
+  std::vector<int32_t> prompt;
+  SamplingParams params;  // decode: the sampling of every sibling
+  OutputSink sink;        // decode: the client's outputs; prefill: unused
+};
+
+// Counters the agent keeps beyond the core's (debug endpoint, metrics, tests).
+struct AgentCounters {
+  std::array<int64_t, transport::kWireErrorCount> wire_errors{};
+  int64_t spoofed_frames = 0;     // a frame whose sender is not the endpoint's peer
+  int64_t unsent_messages = 0;    // peer not connected (yet): the core retransmits
+  int64_t rma_posts = 0;
+  int64_t rma_failures = 0;
+  int64_t exposes = 0;
+  int64_t revokes = 0;
+  int64_t blocks_freed = 0;
+};
+
+class TransferAgent {
+ public:
+  TransferAgent(EngineCore& engine, std::unique_ptr<transport::Transport> transport,
+                const TransferAgentConfig& config);
+  ~TransferAgent();
+  TransferAgent(const TransferAgent&) = delete;
+  TransferAgent& operator=(const TransferAgent&) = delete;
+
+  void start();
+  void stop();
+
+  // Thread-safe. Connects to a peer instance's transfer listener.
+  void connect(const std::string& host, uint16_t port);
+  // Thread-safe. Hands a request to the protocol (a Start from the router).
+  void submit(PdRequest request);
+  // Thread-safe. The client went away: the transfer ends (idempotent).
+  void cancel(pd::TransferId transfer);
+  uint16_t listen_port() const { return listen_port_; }
+
+  // A snapshot taken on the agent thread (bounded wait; nullopt if it does not answer).
+  struct Snapshot {
+    std::array<int64_t, 7> transfers_by_state{};
+    std::array<pd::StateAge, 7> ages_by_state{};
+    pd::NodeStats stats;
+    AgentCounters counters;
+    int64_t blocks_held = 0;
+    std::vector<pd::NodeId> connected_peers;
+    int64_t live_transfers = 0;  // not yet ended
+  };
+  std::optional<Snapshot> snapshot(int timeout_ms = 1000);
+
+ private:
+  using Closure = std::function<void()>;
+  void post(Closure c);
+  void loop();
+  void run(const std::function<void(pd::Outputs*)>& call);
+  void execute(pd::Outputs& out);
+  void apply(const pd::Effect& e);
+  void send(const pd::Message& m);
+  void on_event(transport::TransportEvent& e);
+  void on_engine_output(pd::TransferId transfer, RequestOutput&& out);
+  pd::NodeCore& core();
+  uint64_t engine_id(pd::TransferId t) const { return t + (uint64_t{1} << 62); }
+  pd::Message start_message(const PdRequest& r) const;
+
+  EngineCore& engine_;
+  std::unique_ptr<transport::Transport> transport_;
+  TransferAgentConfig config_;
+  uint16_t listen_port_ = 0;
+  uint64_t block_bytes_ = 0;
+  std::unique_ptr<pd::PrefillSide> prefill_;
+  std::unique_ptr<pd::DecodeSide> decode_;
+
+  // Agent thread only.
+  std::map<pd::TransferId, PdRequest> requests_;  // until the core's transfer has a tombstone
+  std::map<pd::TransferId, std::vector<pd::SiblingId>> siblings_;
+  struct Peer {
+    pd::Epoch epoch = 0;
+    transport::WireLimits limits;
+  };
+  std::map<pd::NodeId, Peer> peers_;
+  pd::TimeMs next_wake_ms_ = 0;
+  AgentCounters counters_;
+
+  std::mutex mu_;
+  std::deque<Closure> inbox_;
+  std::atomic<bool> running_{false};
+  std::thread thread_;
+};
+
+}  // namespace tandem::instance

@@ -1,0 +1,274 @@
+// A prefill and a decode instance in one process: two engines, two transfer
+// agents driving the real protocol cores, and the UCX transport moving the
+// KV between their pools, over TCP and over shared memory, in WRITE and READ
+// mode. Output must be token-identical to one engine serving the request
+// alone ("both"), and every block must be back in the pools afterwards.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "engine/engine_core.h"
+#include "instance/fingerprint.h"
+#include "instance/transfer_agent.h"
+#include "model_fixtures.h"
+#include "transport/ucx_transport.h"
+#include "util/clock.h"
+
+namespace tandem::instance {
+namespace {
+
+using testing::LoadedTinyModel;
+
+constexpr pd::NodeId kPrefillNode = 2, kDecodeNode = 3;
+
+struct Result {
+  std::map<int32_t, std::vector<int32_t>> tokens;
+  bool finished = false;
+  std::string error;
+};
+
+// Collects outputs from any thread.
+class Results {
+ public:
+  OutputSink sink(uint64_t key) {
+    return [this, key](RequestOutput&& out) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Result& r = results_[key];
+      for (auto& d : out.sequences) r.tokens[d.index].insert(r.tokens[d.index].end(), d.tokens.begin(), d.tokens.end());
+      if (!out.error.empty()) r.error = out.error;
+      r.finished |= out.finished;
+      cv_.notify_all();
+    };
+  }
+  bool wait(uint64_t key, int timeout_ms = 20000) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return results_[key].finished; });
+  }
+  Result get(uint64_t key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return results_[key];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Result> results_;
+};
+
+EngineConfig engine_config() {
+  EngineConfig c;
+  c.kv_cache_bytes = 4 << 20;
+  c.block_size = 4;
+  c.max_num_batched_tokens = 32;
+  c.max_num_seqs = 16;
+  c.threads = 1;
+  return c;
+}
+
+// One instance: its own copy of the model (a Model is used by one engine), an
+// engine, and for P/D roles a transport and an agent.
+struct Instance {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<EngineCore> engine;
+  std::unique_ptr<TransferAgent> agent;
+  transport::UcxTransport* transport = nullptr;
+
+  Instance(pd::Role role, pd::NodeId node, pd::TransferMode mode, const std::string& tls) {
+    LoadedTinyModel& m = testing::tiny_llama_f16();
+    model = Model::load(m.file);
+    engine = std::make_unique<EngineCore>(*model, *m.tokenizer, engine_config());
+    engine->start();
+    if (role == pd::Role::kRouter) return;  // "both": no transfer
+    KvPool& pool = engine->kv_pool();
+    transport::UcxTransportConfig tc;
+    tc.secret = "test-secret";
+    tc.self.node = node;
+    tc.self.epoch = 1;
+    tc.self.role = role;
+    tc.self.fingerprint = make_fingerprint(*m.file, pool.shape(), mode);
+    tc.region = pool.data();
+    tc.region_bytes = pool.size_bytes();
+    tc.n_blocks = static_cast<int32_t>(pool.shape().n_blocks);
+    tc.block_bytes = pool.block_bytes();
+    tc.tls = tls;
+    auto t = std::make_unique<transport::UcxTransport>(tc);
+    transport = t.get();
+    TransferAgentConfig ac;
+    ac.role = role;
+    ac.node = node;
+    agent = std::make_unique<TransferAgent>(*engine, std::move(t), ac);
+    agent->start();
+  }
+  ~Instance() {
+    if (agent) agent->stop();
+    engine->stop();
+  }
+};
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::vector<int32_t> prompt_of(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 53 + salt * 97 + 11) % 1000);
+  return p;
+}
+
+// Polls `done` until it holds or timeout_ms passes.
+bool eventually(const std::function<bool()>& done, int timeout_ms = 10000) {
+  for (int64_t until = monotonic_ms() + timeout_ms; monotonic_ms() < until;) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return done();
+}
+
+struct Cluster {
+  Instance both, prefill, decode;
+  Results results;
+  pd::TransferMode mode;
+  uint64_t next_transfer = 100;
+
+  Cluster(pd::TransferMode m, const std::string& tls)
+      : both(pd::Role::kRouter, 0, m, tls),
+        prefill(pd::Role::kPrefill, kPrefillNode, m, tls),
+        decode(pd::Role::kDecode, kDecodeNode, m, tls),
+        mode(m) {
+    decode.agent->connect("127.0.0.1", prefill.agent->listen_port());
+    EXPECT_TRUE(eventually([&] {
+      auto p = prefill.agent->snapshot(), d = decode.agent->snapshot();
+      return p && d && p->connected_peers.size() == 1 && d->connected_peers.size() == 1;
+    })) << "the instances did not connect";
+  }
+
+  // The request served by one engine alone.
+  Result alone(const std::vector<int32_t>& prompt, const SamplingParams& params) {
+    uint64_t key = next_transfer++;
+    EngineRequest r;
+    r.id = key;
+    r.prompt = prompt;
+    r.params = params;
+    r.sink = results.sink(key);
+    EXPECT_FALSE(both.engine->add_request(std::move(r)).has_value());
+    EXPECT_TRUE(results.wait(key));
+    return results.get(key);
+  }
+
+  // Submits the request to both instances as the router would; returns its key.
+  uint64_t submit(const std::vector<int32_t>& prompt, const SamplingParams& params) {
+    uint64_t transfer = next_transfer++;
+    PdRequest p;
+    p.transfer = transfer;
+    p.mode = mode;
+    p.peer = kDecodeNode;
+    p.peer_epoch = 1;
+    p.prompt = prompt;
+    PdRequest d = p;
+    d.peer = kPrefillNode;
+    d.params = params;
+    d.sink = results.sink(transfer);
+    prefill.agent->submit(std::move(p));
+    decode.agent->submit(std::move(d));
+    return transfer;
+  }
+
+  Result disaggregated(const std::vector<int32_t>& prompt, const SamplingParams& params) {
+    uint64_t key = submit(prompt, params);
+    EXPECT_TRUE(results.wait(key)) << "the disaggregated request did not finish";
+    return results.get(key);
+  }
+
+  // After the drain: no transfer alive, nothing held for one, nothing owned.
+  void expect_drained() {
+    for (Instance* i : {&prefill, &decode}) {
+      EXPECT_TRUE(eventually([&] {
+        auto s = i->agent->snapshot();
+        return s && s->live_transfers == 0 && s->blocks_held == 0 && i->engine->metrics().transfer_blocks_held == 0 &&
+               i->engine->kv_stats().owned == 0;
+      })) << "an instance did not return to its baseline";
+      BlockManagerStats st = i->engine->kv_stats();
+      EXPECT_EQ(st.free + st.cached, st.total);
+    }
+  }
+};
+
+struct Case {
+  pd::TransferMode mode;
+  std::string tls;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << pd::name(c.mode) << " over " << c.tls; }
+
+class PdInstancesTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PdInstancesTest, GreedyOutputEqualsOneInstanceAndPoolsDrain) {
+  Cluster c(GetParam().mode, GetParam().tls);
+  // Lengths around block boundaries (block size 4), and N = 1 (nothing moves).
+  for (int n : {1, 2, 4, 5, 9, 17, 31}) {
+    std::vector<int32_t> prompt = prompt_of(n, n);
+    Result want = c.alone(prompt, greedy(8));
+    Result got = c.disaggregated(prompt, greedy(8));
+    EXPECT_EQ(got.error, "") << "prompt of " << n;
+    EXPECT_EQ(got.tokens, want.tokens) << "prompt of " << n;
+    ASSERT_EQ(got.tokens[0].size(), 8u);
+  }
+  c.expect_drained();
+  auto d = c.decode.agent->snapshot();
+  ASSERT_TRUE(d);
+  EXPECT_GT(d->counters.rma_posts + d->counters.exposes, 0);
+}
+
+TEST_P(PdInstancesTest, SeededSiblingsAndBestOfEqualOneInstance) {
+  Cluster c(GetParam().mode, GetParam().tls);
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_k = 20;
+  p.seed = 1234;
+  p.n = 3;
+  p.best_of = 4;
+  p.max_tokens = 6;
+  p.ignore_eos = true;
+  std::vector<int32_t> prompt = prompt_of(13, 5);
+  Result want = c.alone(prompt, p);
+  Result got = c.disaggregated(prompt, p);
+  EXPECT_EQ(got.error, "");
+  ASSERT_EQ(got.tokens.size(), 4u);
+  EXPECT_EQ(got.tokens, want.tokens);
+  c.expect_drained();
+}
+
+TEST_P(PdInstancesTest, ConcurrentRequestsAndAPrefixHitOnTheDecode) {
+  Cluster c(GetParam().mode, GetParam().tls);
+  std::vector<std::vector<int32_t>> prompts;
+  std::map<uint64_t, size_t> which;
+  for (int i = 0; i < 12; ++i) prompts.push_back(prompt_of(6 + i * 3, i));
+  prompts.push_back(prompts[5]);  // the same prompt again: its full blocks are cached on the decode
+  std::vector<Result> want;
+  for (auto& p : prompts) want.push_back(c.alone(p, greedy(5)));
+  for (size_t i = 0; i + 1 < prompts.size(); ++i) which[c.submit(prompts[i], greedy(5))] = i;
+  for (auto& [key, i] : which) {
+    ASSERT_TRUE(c.results.wait(key));
+    EXPECT_EQ(c.results.get(key).tokens, want[i].tokens) << "request " << i;
+  }
+  Result again = c.disaggregated(prompts.back(), greedy(5));
+  EXPECT_EQ(again.tokens, want.back().tokens);
+  c.expect_drained();
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, PdInstancesTest,
+                         ::testing::Values(Case{pd::TransferMode::kWrite, "tcp"}, Case{pd::TransferMode::kRead, "tcp"},
+                                           Case{pd::TransferMode::kWrite, "tcp,sm,self"},
+                                           Case{pd::TransferMode::kRead, "tcp,sm,self"}),
+                         [](const auto& info) {
+                           return std::string(info.param.mode == pd::TransferMode::kWrite ? "Write" : "Read") +
+                                  (info.param.tls == "tcp" ? "Tcp" : "SharedMemory");
+                         });
+
+}  // namespace
+}  // namespace tandem::instance
