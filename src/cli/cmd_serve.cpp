@@ -1,5 +1,8 @@
 // `tandem serve`: the OpenAI-compatible server of one instance.
+#include <pthread.h>
 #include <signal.h>
+
+#include <cstdlib>
 
 #include <chrono>
 #include <cstdio>
@@ -10,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/demo_model.h"
 #include "cli/loaded_model.h"
+#include "cli/pd_instance.h"
 #include "engine/engine_core.h"
 #include "server/http_server.h"
 #include "util/error.h"
@@ -26,7 +30,20 @@ struct ServeArgs {
   std::string kv_dtype = "f16";
   bool no_prefix_caching = false;
   int shutdown_timeout_s = 30;
+  // P/D.
+  std::string role = "both";
+  std::string mode = "write";
+  std::string kv_transfer_config;
+  PdInstanceOptions pd;
+  bool role_given = false;
 };
+
+// The cluster secret: the flag, else the environment (kept out of `ps`).
+std::string cluster_secret(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv("TANDEM_CLUSTER_SECRET");
+  return env != nullptr ? env : "";
+}
 
 void run_serve(ServeArgs& a) {
   // SIGTERM/SIGINT are taken by one thread with sigwait; block them everywhere
@@ -43,10 +60,27 @@ void run_serve(ServeArgs& a) {
   a.engine.kv_cache_bytes = a.kv_cache_mb << 20;
   a.engine.kv_dtype = kernels::parse_dtype(a.kv_dtype);
   a.engine.enable_prefix_caching = !a.no_prefix_caching;
+  if (!a.kv_transfer_config.empty()) {
+    PdInstanceOptions from_json = a.pd;
+    apply_kv_transfer_config(a.kv_transfer_config, &from_json);
+    pd::Role flag_role = a.pd.role;
+    a.pd = from_json;
+    if (a.role_given) a.pd.role = flag_role;  // an explicit --role wins
+    if (!a.role_given) a.role = a.pd.role == pd::Role::kPrefill ? "prefill" : "decode";
+  } else {
+    a.pd.mode = a.mode == "read" ? pd::TransferMode::kRead : pd::TransferMode::kWrite;
+  }
+  if (a.role == "prefill") a.pd.role = pd::Role::kPrefill;
+  if (a.role == "decode") a.pd.role = pd::Role::kDecode;
   EngineCore engine(*lm.model, *lm.tokenizer, a.engine);
   server::HttpServer http(engine, *lm.model, *lm.tokenizer, a.server);
   const int port = http.bind();
   engine.start();
+  std::unique_ptr<PdInstance> pd_instance;
+  if (a.role != "both") {
+    a.pd.secret = cluster_secret(a.pd.secret);
+    pd_instance = std::make_unique<PdInstance>(engine, *lm.file, http, a.server.served_model_name, a.pd);
+  }
   std::fprintf(stderr,
                "tandem: serving '%s' on http://%s:%d (KV cache %lld blocks of %d tokens, max model len %lld, "
                "chat template: %s)\n",
@@ -67,8 +101,21 @@ void run_serve(ServeArgs& a) {
                    static_cast<long long>(http.in_flight()));
     http.stop();
   });
-  http.serve();
+  std::thread serve_thread([&] { http.serve(); });
+  try {
+    if (pd_instance) pd_instance->join(a.server.host, port);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    pthread_kill(signal_thread.native_handle(), SIGTERM);
+    serve_thread.join();
+    signal_thread.join();
+    pd_instance.reset();
+    engine.stop();
+    throw Error("could not join the cluster");
+  }
+  serve_thread.join();
   signal_thread.join();
+  pd_instance.reset();
   engine.stop();
   std::fprintf(stderr, "tandem: stopped\n");
 }
@@ -98,6 +145,22 @@ void add_serve(CLI::App& app) {
   cmd->add_flag("--no-prefix-caching", a->no_prefix_caching, "Disable prefix caching");
   cmd->add_option("--shutdown-timeout", a->shutdown_timeout_s, "Seconds SIGTERM waits for in-flight requests")
       ->check(CLI::Range(0, 3600));
+  cmd->add_option("--role", a->role, "both (one instance), or prefill/decode behind a router")
+      ->check(CLI::IsMember({"both", "prefill", "decode"}))
+      ->each([a](const std::string&) { a->role_given = true; });
+  cmd->add_option("--router", a->pd.router_url, "Router to join (prefill/decode), e.g. http://127.0.0.1:8000");
+  cmd->add_option("--cluster-secret", a->pd.secret,
+                  "Shared secret of the cluster (default: $TANDEM_CLUSTER_SECRET; prefer the variable: flags show in ps)");
+  cmd->add_option("--kv-mode", a->mode, "KV transfer mode: write (prefill pushes) or read (decode pulls)")
+      ->check(CLI::IsMember({"write", "read"}));
+  cmd->add_option("--kv-transfer-config", a->kv_transfer_config,
+                  "vLLM-style JSON: kv_role, kv_ip, kv_port, kv_connector_extra_config{mode, tls, router} "
+                  "(docs/PD_PROTOCOL.md)");
+  cmd->add_option("--node-id", a->pd.node, "Node id in the cluster (0: random)");
+  cmd->add_option("--transfer-host", a->pd.transfer_host, "Address of the KV transfer listener (default loopback)");
+  cmd->add_option("--transfer-port", a->pd.transfer_port, "Port of the KV transfer listener (0: any free port)");
+  cmd->add_option("--ucx-tls", a->pd.tls, "UCX transports for KV transfer (tcp fences by closing; see docs)");
+  cmd->add_option("--ucx-net-devices", a->pd.net_devices, "UCX_NET_DEVICES for KV transfer");
   cmd->callback([a] { run_serve(*a); });
 }
 

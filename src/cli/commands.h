@@ -12,5 +12,7 @@ void add_bench(CLI::App& app);
 void add_bench_transfer(CLI::App& bench);
 void add_serve(CLI::App& app);
 void add_sim(CLI::App& app);
+void add_router(CLI::App& app);
+void add_cluster(CLI::App& app);
 
 }  // namespace tandem::cli

@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   tandem::cli::add_bench(app);
   tandem::cli::add_serve(app);
   tandem::cli::add_sim(app);
+  tandem::cli::add_router(app);
+  tandem::cli::add_cluster(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

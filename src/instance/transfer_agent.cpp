@@ -78,6 +78,17 @@ void TransferAgent::connect(const std::string& host, uint16_t port) {
   post([this, host, port] { transport_->connect(host, port); });
 }
 
+void TransferAgent::ensure_connected(pd::NodeId node, const std::string& host, uint16_t port) {
+  post([this, node, host, port] {
+    if (peers_.count(node) != 0) return;
+    pd::TimeMs now = monotonic_ms();
+    auto it = connecting_since_ms_.find(node);
+    if (it != connecting_since_ms_.end() && now - it->second < config_.reconnect_ms) return;
+    connecting_since_ms_[node] = now;
+    transport_->connect(host, port);
+  });
+}
+
 void TransferAgent::submit(PdRequest request) {
   post([this, r = std::move(request)]() mutable {
     pd::Message start = start_message(r);
@@ -315,8 +326,16 @@ void TransferAgent::on_event(TransportEvent& e) {
         else decode_->on_read_done(e.tag, result, now, out);
       });
     }
+    case TransportEvent::Kind::kPeerFailed: {
+      // The endpoint is gone: a later ensure_connected makes a new one.
+      peers_.erase(e.peer);
+      connecting_since_ms_.erase(e.peer);
+      std::vector<pd::NodeId> targets;
+      for (const auto& [node, peer] : peers_) targets.push_back(node);
+      core().set_heartbeat_targets(std::move(targets));
+      return;
+    }
     case TransportEvent::Kind::kRefused:
-    case TransportEvent::Kind::kPeerFailed:
     case TransportEvent::Kind::kPeerFenced:
       // Liveness is the core's: a failed peer stops heartbeating and its lease
       // expires within lease_ms.

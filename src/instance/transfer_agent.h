@@ -38,6 +38,7 @@ struct TransferAgentConfig {
   pd::ProtocolConfig protocol;
   int64_t rma_timeout_ms = 60'000;  // one put or get; then its endpoint is force-closed
   int max_sleep_ms = 50;
+  int64_t reconnect_ms = 2000;
 };
 
 // One client request's part on this instance, as the router hands it over.
@@ -78,6 +79,9 @@ class TransferAgent {
 
   // Thread-safe. Connects to a peer instance's transfer listener.
   void connect(const std::string& host, uint16_t port);
+  // Thread-safe. Connects unless `node` is connected or a try is under way
+  // (a failed try is repeated after reconnect_ms).
+  void ensure_connected(pd::NodeId node, const std::string& host, uint16_t port);
   // Thread-safe. Hands a request to the protocol (a Start from the router).
   void submit(PdRequest request);
   // Thread-safe. The client went away: the transfer ends (idempotent).
@@ -126,6 +130,7 @@ class TransferAgent {
     transport::WireLimits limits;
   };
   std::map<pd::NodeId, Peer> peers_;
+  std::map<pd::NodeId, pd::TimeMs> connecting_since_ms_;
   pd::TimeMs next_wake_ms_ = 0;
   AgentCounters counters_;
 

@@ -58,6 +58,7 @@ struct Job {
   std::string echo_text;  // completions with echo: the prompt text
   bool want_logprobs = false;
   ResponseHeader header;
+  std::function<void()> abort;  // ends the request early (client gone, timeout)
   int32_t n = 1;
   int32_t best_of = 1;
   int64_t prompt_tokens = 0;
@@ -142,6 +143,19 @@ void HttpServer::stop() {
   for (int i = 0; i < 2000 && serving_ && !http_->is_running(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   http_->stop();
+}
+
+void HttpServer::set_pd_hook(PdHook hook) {
+  pd_hook_ = std::move(hook);
+  http_->Post("/internal/pd/abort", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!pd_hook_.verify || !pd_hook_.verify(req.body, req.get_header_value("X-Tandem-Signature")))
+      return send_json(res, 403, {{"error", "bad or missing cluster signature"}});
+    json j = json::parse(req.body, nullptr, false);
+    if (!j.is_object() || !j.contains("transfer_id") || !j["transfer_id"].is_number_unsigned())
+      return send_json(res, 400, {{"error", "transfer_id missing"}});
+    pd_hook_.cancel(j["transfer_id"].get<uint64_t>());
+    send_json(res, 200, {{"status", "aborting"}});
+  });
 }
 
 void HttpServer::install_routes() {
@@ -289,13 +303,32 @@ void HttpServer::install_routes() {
     job->id = next_request_id_++;
     job->channel = std::make_shared<RequestChannel>();
 
+    job->abort = [this, id = job->id] { engine_.abort_request(id); };
+    auto sink = [channel = job->channel](RequestOutput&& out) { channel->push(std::move(out)); };
+
+    // P/D: a request the router hands over with its transfer.
+    bool handed_to_pd = false;
+    if (pd_hook_.submit) {
+      json body = json::parse(req.body, nullptr, false);
+      if (body.is_object() && body.contains("kv_transfer_params")) {
+        const std::string kv = body["kv_transfer_params"].dump();
+        uint64_t transfer = 0;
+        if (auto err = pd_hook_.submit(kv, std::move(prompt), params, pd_hook_.prefill ? OutputSink{} : OutputSink{sink},
+                                       &transfer))
+          return send_error(res, invalid_value("kv_transfer_params", *err));
+        if (pd_hook_.prefill)
+          return send_json(res, 200, {{"status", "accepted"}, {"kv_transfer_params", body["kv_transfer_params"]}});
+        job->abort = [cancel = pd_hook_.cancel, transfer] { cancel(transfer); };
+        handed_to_pd = true;
+      }
+    }
     EngineRequest er;
     er.id = job->id;
     er.prompt = std::move(prompt);
     er.params = params;
-    er.sink = [channel = job->channel](RequestOutput&& out) { channel->push(std::move(out)); };
+    er.sink = sink;
     EngineCore::Refusal why = EngineCore::Refusal::kNone;
-    if (auto err = engine_.add_request(std::move(er), &why)) {
+    if (auto err = handed_to_pd ? std::nullopt : engine_.add_request(std::move(er), &why)) {
       switch (why) {
         case EngineCore::Refusal::kQueueFull: return send_error(res, queue_full(engine_.max_waiting_requests()));
         case EngineCore::Refusal::kTooLargeForCache: {
@@ -317,7 +350,7 @@ void HttpServer::install_routes() {
         if (!out) {
           waited += tick;
           if (waited >= std::chrono::seconds(config_.output_timeout_s)) {
-            engine_.abort_request(job->id);
+            job->abort();
             const ApiError e = internal_error("no output from the engine for " + std::to_string(config_.output_timeout_s) + " s; the request was aborted");
             const std::string body = job->stream ? sse_event(e.to_json()) : dump_body(e.to_json());
             sink.write(body.data(), body.size());
@@ -381,6 +414,15 @@ void HttpServer::install_routes() {
           if (!sink.write(ev.data(), ev.size())) return false;
         }
         if (!out->finished) continue;
+        if (!out->error.empty()) {
+          // The request failed after the response began (a P/D transfer that
+          // broke): the client gets the error in the body, never a silent end.
+          const ApiError e = internal_error(out->error);
+          std::string tail = job->stream ? sse_event(e.to_json()) + std::string(kSseDone) : dump_body(e.to_json());
+          sink.write(tail.data(), tail.size());
+          sink.done();
+          return true;
+        }
 
         // Which siblings are returned: all n, or the n best of best_of by
         // cumulative log-probability.
@@ -437,7 +479,7 @@ void HttpServer::install_routes() {
         [this, job](bool success) {
           // Runs once the response is over, whether it completed or the
           // client left: an abort of a finished request is a no-op.
-          if (!success) engine_.abort_request(job->id);
+          if (!success) job->abort();
           --in_flight_;
         });
   };

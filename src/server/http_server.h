@@ -11,8 +11,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/sampling_params.h"
 
 #include "server/chat_template.h"
 
@@ -41,6 +47,21 @@ struct ServerConfig {
   int keepalive_ms = 1000;         // non-streaming: a space is sent this often to notice a gone client
 };
 
+// P/D (a prefill or decode instance behind a router): completion and chat
+// requests that carry "kv_transfer_params" go through this hook instead of
+// straight to the engine. The prefill answers at once once the request is
+// accepted; the decode streams the outputs as a single instance would.
+struct PdHook {
+  bool prefill = false;
+  // Submits the request; an error message when kv_transfer_params is malformed.
+  std::function<std::optional<std::string>(const std::string& kv_transfer_params_json, std::vector<int32_t> prompt,
+                                           const SamplingParams& params, OutputSink sink, uint64_t* transfer)>
+      submit;
+  std::function<void(uint64_t transfer)> cancel;
+  // Checks the router's signature on /internal/pd/abort.
+  std::function<bool(const std::string& body, const std::string& signature)> verify;
+};
+
 class HttpServer {
  public:
   HttpServer(EngineCore& engine, const Model& model, const Tokenizer& tokenizer, ServerConfig config);
@@ -60,6 +81,8 @@ class HttpServer {
   void stop();
 
   const ChatTemplate& chat_template() const { return template_; }
+  // Before serve().
+  void set_pd_hook(PdHook hook);
 
  private:
   void install_routes();
@@ -69,6 +92,7 @@ class HttpServer {
   const Tokenizer& tokenizer_;
   ServerConfig config_;
   ChatTemplate template_;
+  PdHook pd_hook_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};

@@ -1,0 +1,160 @@
+#include "router/cluster_api.h"
+
+#include "transport/sha256.h"
+#include "util/constant_time.h"
+
+namespace tandem::router {
+
+using json = nlohmann::json;
+
+namespace {
+std::string hex(std::span<const uint8_t> d) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : d) {
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+
+template <typename T>
+bool read(const json& j, const char* key, T* out, std::string* why) {
+  auto it = j.find(key);
+  if (it == j.end()) {
+    *why = std::string("missing field '") + key + "'";
+    return false;
+  }
+  try {
+    *out = it->get<T>();
+  } catch (const std::exception&) {
+    *why = std::string("field '") + key + "' has the wrong type";
+    return false;
+  }
+  return true;
+}
+
+bool parse_role(const std::string& s, pd::Role* role) {
+  if (s == "prefill") *role = pd::Role::kPrefill;
+  else if (s == "decode") *role = pd::Role::kDecode;
+  else return false;
+  return true;
+}
+bool parse_mode(const std::string& s, pd::TransferMode* mode) {
+  if (s == "write") *mode = pd::TransferMode::kWrite;
+  else if (s == "read") *mode = pd::TransferMode::kRead;
+  else return false;
+  return true;
+}
+}  // namespace
+
+std::string sign(const std::string& secret, const std::string& body) {
+  auto d = transport::hmac_sha256(secret, {std::span(reinterpret_cast<const uint8_t*>(body.data()), body.size())});
+  return hex(d);
+}
+
+bool verify(const std::string& secret, const std::string& body, const std::string& signature) {
+  return constant_time_equal(sign(secret, body), signature);
+}
+
+json to_json(const InstanceInfo& i) {
+  return {{"node", i.node},
+          {"epoch", i.epoch},
+          {"role", std::string(pd::name(i.role))},
+          {"mode", std::string(pd::name(i.mode))},
+          {"api_host", i.api_host},
+          {"api_port", i.api_port},
+          {"transfer_host", i.transfer_host},
+          {"transfer_port", i.transfer_port},
+          {"model_hash", i.model_hash},
+          {"model_name", i.model_name},
+          {"capacity_blocks", i.capacity_blocks},
+          {"free_blocks", i.free_blocks},
+          {"waiting", i.waiting},
+          {"in_flight", i.in_flight},
+          {"requests", i.requests}};
+}
+
+std::optional<InstanceInfo> instance_from_json(const json& j, std::string* why) {
+  if (!j.is_object()) {
+    *why = "the body is not a JSON object";
+    return std::nullopt;
+  }
+  InstanceInfo i;
+  std::string role, mode;
+  if (!read(j, "node", &i.node, why) || !read(j, "epoch", &i.epoch, why) || !read(j, "role", &role, why) ||
+      !read(j, "mode", &mode, why) || !read(j, "api_host", &i.api_host, why) || !read(j, "api_port", &i.api_port, why) ||
+      !read(j, "transfer_host", &i.transfer_host, why) || !read(j, "transfer_port", &i.transfer_port, why) ||
+      !read(j, "model_hash", &i.model_hash, why) || !read(j, "model_name", &i.model_name, why) ||
+      !read(j, "capacity_blocks", &i.capacity_blocks, why))
+    return std::nullopt;
+  if (!parse_role(role, &i.role)) {
+    *why = "role must be prefill or decode";
+    return std::nullopt;
+  }
+  if (!parse_mode(mode, &i.mode)) {
+    *why = "mode must be write or read";
+    return std::nullopt;
+  }
+  if (i.epoch == 0 || i.capacity_blocks <= 0 || i.api_port == 0 || i.transfer_port == 0) {
+    *why = "epoch, capacity_blocks and ports must be positive";
+    return std::nullopt;
+  }
+  return i;
+}
+
+json to_json(const KvTransferParams& p) {
+  return {{"transfer_id", p.transfer},
+          {"mode", std::string(pd::name(p.mode))},
+          {"peer_node", p.peer},
+          {"peer_epoch", p.peer_epoch},
+          {"peer_transfer_host", p.peer_transfer_host},
+          {"peer_transfer_port", p.peer_transfer_port},
+          {"router_epoch", p.router_epoch},
+          {"budget_ms", p.budget_ms}};
+}
+
+std::optional<KvTransferParams> kv_transfer_params_from_json(const json& j, std::string* why) {
+  if (!j.is_object()) {
+    *why = "kv_transfer_params must be an object";
+    return std::nullopt;
+  }
+  KvTransferParams p;
+  std::string mode;
+  if (!read(j, "transfer_id", &p.transfer, why) || !read(j, "mode", &mode, why) ||
+      !read(j, "peer_node", &p.peer, why) || !read(j, "peer_epoch", &p.peer_epoch, why) ||
+      !read(j, "peer_transfer_host", &p.peer_transfer_host, why) ||
+      !read(j, "peer_transfer_port", &p.peer_transfer_port, why) || !read(j, "router_epoch", &p.router_epoch, why) ||
+      !read(j, "budget_ms", &p.budget_ms, why))
+    return std::nullopt;
+  if (!parse_mode(mode, &p.mode)) {
+    *why = "kv_transfer_params.mode must be write or read";
+    return std::nullopt;
+  }
+  if (p.transfer == 0 || p.transfer >= (uint64_t{1} << 62) || p.peer <= 1 || p.peer_epoch == 0 || p.budget_ms <= 0) {
+    *why = "kv_transfer_params out of range";
+    return std::nullopt;
+  }
+  return p;
+}
+
+std::optional<HostPort> parse_http_url(const std::string& url) {
+  const std::string scheme = "http://";
+  if (url.rfind(scheme, 0) != 0) return std::nullopt;
+  std::string rest = url.substr(scheme.size());
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  size_t colon = rest.rfind(':');
+  if (colon == std::string::npos || colon == 0) return std::nullopt;
+  HostPort hp;
+  hp.host = rest.substr(0, colon);
+  try {
+    int port = std::stoi(rest.substr(colon + 1));
+    if (port <= 0 || port > 65535) return std::nullopt;
+    hp.port = static_cast<uint16_t>(port);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return hp;
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,417 @@
+#include "router/router_server.h"
+
+#include <httplib.h>
+
+#include <condition_variable>
+#include <deque>
+
+#include "router/cluster_api.h"
+#include "server/api_error.h"
+#include "server/openai_protocol.h"
+#include "util/clock.h"
+#include "util/constant_time.h"
+#include "util/error.h"
+
+namespace tandem::router {
+
+using json = nlohmann::json;
+using server::ApiError;
+
+namespace {
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(server::dump_body(body), "application/json");
+}
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, e.to_json()); }
+
+ApiError no_instance(const char* role) {
+  ApiError e;
+  e.status = 503;
+  e.type = "server_error";
+  e.code = std::string("no_") + role + "_instance";
+  e.message = std::string("no healthy ") + role +
+              " instance is registered with this router; start one (tandem serve --role " + role +
+              " --router URL) or wait for it to come back";
+  return e;
+}
+
+ApiError upstream_error(const std::string& what) {
+  ApiError e;
+  e.status = 502;
+  e.type = "server_error";
+  e.code = "upstream_failed";
+  e.message = what;
+  return e;
+}
+
+// The decode leg's response, handed from the thread that reads it to the
+// client's connection.
+struct Upstream {
+  std::mutex mu;
+  std::condition_variable cv;
+  int status = 0;  // 0 until the response line arrived; -1 when the call failed
+  std::string content_type = "application/json";
+  std::deque<std::string> chunks;
+  bool ended = false;
+  std::string error;
+  std::atomic<bool> cancel{false};
+  std::thread reader;
+  ~Upstream() {
+    cancel = true;
+    if (reader.joinable()) reader.join();
+  }
+};
+
+}  // namespace
+
+RouterServer::RouterServer(RouterConfig config)
+    : config_(std::move(config)), registry_(config_.eviction_ms), http_(std::make_unique<httplib::Server>()) {
+  if (config_.secret.empty())
+    throw Error("the router needs a cluster secret: --cluster-secret or TANDEM_CLUSTER_SECRET");
+  TANDEM_ASSERT(config_.epoch > 0 && config_.epoch < (1u << 21), "router epoch must fit the transfer id's epoch bits");
+  http_->new_task_queue = [n = config_.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  install_routes();
+}
+
+RouterServer::~RouterServer() { stop(); }
+
+pd::TransferId RouterServer::mint() {
+  uint64_t n = next_transfer_.fetch_add(1);
+  // The counter must never reach the epoch bits: ids would repeat.
+  TANDEM_ASSERT(n < (uint64_t{1} << pd::kTransferEpochShift), "transfer id counter wrapped");
+  return (uint64_t{config_.epoch} << pd::kTransferEpochShift) | n;
+}
+
+int RouterServer::bind() {
+  int port = config_.port == 0 ? http_->bind_to_any_port(config_.host) : (http_->bind_to_port(config_.host, config_.port) ? config_.port : -1);
+  if (port < 0) throw Error("router: cannot bind " + config_.host + ":" + std::to_string(config_.port));
+  return port;
+}
+
+void RouterServer::serve() {
+  running_ = true;
+  evictor_ = std::thread([this] {
+    while (running_) {
+      registry_.evict_silent(monotonic_ms());
+      for (int i = 0; i < 10 && running_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  http_->listen_after_bind();
+}
+
+void RouterServer::stop() {
+  if (running_.exchange(false) && evictor_.joinable()) evictor_.join();
+  http_->stop();
+}
+
+void RouterServer::abort_leg(const InstanceInfo& instance, pd::TransferId transfer) {
+  std::string body = json{{"transfer_id", transfer}}.dump();
+  httplib::Client cli(instance.api_host, instance.api_port);
+  cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
+  cli.set_read_timeout(2, 0);
+  httplib::Headers h = {{kSignatureHeader, sign(config_.secret, body)}};
+  cli.Post("/internal/pd/abort", h, body, "application/json");
+}
+
+void RouterServer::install_routes() {
+  httplib::Server& s = *http_;
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (config_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (!constant_time_equal(req.get_header_value("Authorization"), "Bearer " + config_.api_key)) {
+      send_error(res, server::unauthorized());
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  // ---- instances ----
+  auto signed_body = [this](const httplib::Request& req, httplib::Response& res) -> std::optional<json> {
+    if (!verify(config_.secret, req.body, req.get_header_value(kSignatureHeader))) {
+      ++counters_.bad_signatures;
+      send_json(res, 403, {{"error", "bad or missing cluster signature: the instance's cluster secret differs"}});
+      return std::nullopt;
+    }
+    json j = json::parse(req.body, nullptr, false);
+    if (j.is_discarded()) {
+      send_json(res, 400, {{"error", "the body is not JSON"}});
+      return std::nullopt;
+    }
+    return j;
+  };
+  s.Post("/internal/register", [this, signed_body](const httplib::Request& req, httplib::Response& res) {
+    auto j = signed_body(req, res);
+    if (!j) return;
+    std::string why;
+    auto info = instance_from_json(*j, &why);
+    if (info) {
+      if (auto refused = registry_.add(*info, monotonic_ms())) why = *refused, info.reset();
+    }
+    if (!info) {
+      ++counters_.registrations_refused;
+      std::fprintf(stderr, "tandem router: refused a registration: %s\n", why.c_str());
+      return send_json(res, 409, {{"error", why}});
+    }
+    ++counters_.registrations;
+    send_json(res, 200, {{"router_epoch", config_.epoch}});
+  });
+  s.Post("/internal/heartbeat", [this, signed_body](const httplib::Request& req, httplib::Response& res) {
+    auto j = signed_body(req, res);
+    if (!j) return;
+    bool known = j->is_object() &&
+                 registry_.heartbeat(j->value("node", 0u), j->value("epoch", 0u), j->value("free_blocks", int64_t{0}),
+                                     j->value("waiting", int64_t{0}), monotonic_ms());
+    if (!known) return send_json(res, 404, {{"error", "unknown node or epoch: register again"}});
+    json list = json::array();
+    for (const InstanceInfo& i : registry_.list()) list.push_back(to_json(i));
+    send_json(res, 200, {{"instances", list}});
+  });
+
+  // ---- clients ----
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    int p = registry_.count(pd::Role::kPrefill), d = registry_.count(pd::Role::kDecode);
+    json body = {{"prefill", p}, {"decode", d}};
+    if (p > 0 && d > 0) {
+      body["status"] = "ok";
+      return send_json(res, 200, body);
+    }
+    body["status"] = std::string("no healthy ") + (p == 0 ? "prefill" : "decode") + " instance";
+    send_json(res, 503, body);
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    std::vector<server::ModelCard> cards;
+    for (const InstanceInfo& i : registry_.list()) {
+      if (std::any_of(cards.begin(), cards.end(), [&](auto& c) { return c.id == i.model_name; })) continue;
+      server::ModelCard c;
+      c.id = i.model_name;
+      c.created = static_cast<int64_t>(std::time(nullptr));
+      cards.push_back(c);
+    }
+    send_json(res, 200, server::models_response(cards));
+  });
+  s.Get("/debug/instances", [this](const httplib::Request&, httplib::Response& res) {
+    json list = json::array();
+    int64_t now = monotonic_ms();
+    for (const InstanceInfo& i : registry_.list()) {
+      json j = to_json(i);
+      j["silent_ms"] = now - i.last_heard_ms;
+      list.push_back(j);
+    }
+    send_json(res, 200, {{"instances", list}, {"evictions", registry_.evictions()}});
+  });
+  s.Get("/debug/transfers", [this](const httplib::Request&, httplib::Response& res) {
+    json list = json::array();
+    int64_t now = monotonic_ms();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, t] : transfers_)
+      list.push_back({{"transfer", pd::transfer_name(id)}, {"prefill", t.prefill}, {"decode", t.decode},
+                      {"phase", t.phase}, {"age_ms", now - t.started_ms}});
+    send_json(res, 200, {{"transfers", list}});
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    std::string m;
+    auto gauge = [&](const char* name, const char* help, double v, const std::string& labels = {}) {
+      m += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + labels + " " +
+           std::to_string(v) + "\n";
+    };
+    gauge("tandem_router_requests_in_flight", "Client requests being served", static_cast<double>(in_flight_.load()));
+    gauge("tandem_router_requests_total", "Client requests received", static_cast<double>(counters_.requests.load()));
+    gauge("tandem_router_requests_completed", "Requests relayed to their end", static_cast<double>(counters_.completed.load()));
+    gauge("tandem_router_requests_failed", "Requests that failed", static_cast<double>(counters_.failed.load()));
+    gauge("tandem_router_client_aborts", "Clients that went away", static_cast<double>(counters_.client_aborts.load()));
+    gauge("tandem_router_rejected_overload", "Requests refused beyond max_in_flight",
+          static_cast<double>(counters_.rejected_overload.load()));
+    gauge("tandem_router_rejected_no_instance", "Requests refused for want of an instance",
+          static_cast<double>(counters_.rejected_no_instance.load()));
+    gauge("tandem_router_bad_signatures", "Instance calls with a wrong cluster signature",
+          static_cast<double>(counters_.bad_signatures.load()));
+    gauge("tandem_router_instances", "Registered instances", registry_.count(pd::Role::kPrefill), "{role=\"prefill\"}");
+    m += "tandem_router_instances{role=\"decode\"} " + std::to_string(registry_.count(pd::Role::kDecode)) + "\n";
+    gauge("tandem_router_evictions", "Instances dropped for silence", static_cast<double>(registry_.evictions()));
+    res.set_content(m, "text/plain; version=0.0.4");
+  });
+
+  auto generate = [this](const httplib::Request& req, httplib::Response& res, const std::string& path) {
+    ++counters_.requests;
+    json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object()) return send_error(res, server::bad_json("the body is not a JSON object"));
+    if (in_flight_.load() >= config_.max_in_flight) {
+      ++counters_.rejected_overload;
+      ApiError e = server::engine_unavailable("the router has " + std::to_string(config_.max_in_flight) +
+                                              " requests in flight; retry after a short wait");
+      return send_error(res, e);
+    }
+    auto prefill = registry_.pick(pd::Role::kPrefill);
+    if (!prefill) {
+      ++counters_.rejected_no_instance;
+      return send_error(res, no_instance("prefill"));
+    }
+    auto decode = registry_.pick(pd::Role::kDecode);
+    if (!decode) {
+      registry_.done(prefill->node);
+      ++counters_.rejected_no_instance;
+      return send_error(res, no_instance("decode"));
+    }
+    const pd::TransferId transfer = mint();
+    ++in_flight_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      transfers_[transfer] = {transfer, prefill->node, decode->node, monotonic_ms(), "prefill"};
+    }
+    // Everything below ends through `finish`, exactly once.
+    auto finish = [this, transfer, p = prefill->node, d = decode->node](bool ok) {
+      registry_.done(p);
+      registry_.done(d);
+      --in_flight_;
+      ++(ok ? counters_.completed : counters_.failed);
+      std::lock_guard<std::mutex> lock(mu_);
+      transfers_.erase(transfer);
+    };
+
+    KvTransferParams kp;
+    kp.transfer = transfer;
+    kp.mode = prefill->mode;
+    kp.router_epoch = config_.epoch;
+    kp.budget_ms = config_.request_timeout_ms;
+    // The prefill leg: it validates and tokenizes as the decode will, accepts
+    // and computes; its answer comes at once.
+    kp.peer = decode->node;
+    kp.peer_epoch = decode->epoch;
+    kp.peer_transfer_host = decode->transfer_host;
+    kp.peer_transfer_port = decode->transfer_port;
+    json prefill_body = body;
+    prefill_body["kv_transfer_params"] = to_json(kp);
+    prefill_body["stream"] = false;
+    {
+      httplib::Client cli(prefill->api_host, prefill->api_port);
+      cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
+      cli.set_read_timeout(30, 0);
+      auto r = cli.Post(path, prefill_body.dump(), "application/json");
+      if (!r || r->status != 200) {
+        finish(false);
+        if (r && r->status >= 400 && r->status < 500) {
+          // The request itself is wrong: the instance's OpenAI error goes back as is.
+          res.status = r->status;
+          res.set_content(r->body, "application/json");
+          return;
+        }
+        return send_error(res, upstream_error("the prefill instance (node " + std::to_string(prefill->node) + ") " +
+                                             (r ? "answered HTTP " + std::to_string(r->status) : "could not be reached")));
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      transfers_[transfer].phase = "decode";
+    }
+    // The decode leg, read on its own thread so the client's connection can
+    // stream what arrives.
+    kp.peer = prefill->node;
+    kp.peer_epoch = prefill->epoch;
+    kp.peer_transfer_host = prefill->transfer_host;
+    kp.peer_transfer_port = prefill->transfer_port;
+    json decode_body = body;
+    decode_body["kv_transfer_params"] = to_json(kp);
+    auto up = std::make_shared<Upstream>();
+    // The thread uses the Upstream through a plain pointer: its owner joins it
+    // before the Upstream goes (so the thread never holds the last reference).
+    up->reader = std::thread([this, up = up.get(), d = *decode, path, text = decode_body.dump()] {
+      httplib::Client cli(d.api_host, d.api_port);
+      cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
+      cli.set_read_timeout(config_.request_timeout_ms / 1000, 0);
+      httplib::Request r;
+      r.method = "POST";
+      r.path = path;
+      r.body = text;
+      r.set_header("Content-Type", "application/json");
+      r.response_handler = [up](const httplib::Response& response) {
+        std::lock_guard<std::mutex> lock(up->mu);
+        up->status = response.status;
+        up->content_type = response.get_header_value("Content-Type");
+        up->cv.notify_all();
+        return true;
+      };
+      r.content_receiver = [up](const char* data, size_t len, uint64_t, uint64_t) {
+        std::lock_guard<std::mutex> lock(up->mu);
+        up->chunks.emplace_back(data, len);
+        up->cv.notify_all();
+        return !up->cancel.load();  // false closes the connection: the decode aborts
+      };
+      httplib::Response response;
+      httplib::Error err = httplib::Error::Success;
+      bool sent = cli.send(r, response, err);
+      std::lock_guard<std::mutex> lock(up->mu);
+      if (!sent && up->status == 0) {
+        up->status = -1;
+        up->error = httplib::to_string(err);
+      }
+      up->ended = true;
+      up->cv.notify_all();
+    });
+    int status = 0;
+    {
+      std::unique_lock<std::mutex> lock(up->mu);
+      up->cv.wait_for(lock, std::chrono::milliseconds(config_.request_timeout_ms), [&] { return up->status != 0; });
+      status = up->status;
+    }
+    if (status != 200) {
+      // Wait for the whole (error) body, bounded, then answer with it.
+      {
+        std::unique_lock<std::mutex> lock(up->mu);
+        up->cv.wait_for(lock, std::chrono::seconds(5), [&] { return up->ended; });
+      }
+      abort_leg(*prefill, transfer);
+      finish(false);
+      if (status >= 400 && status < 500) {
+        std::string text;
+        for (auto& c : up->chunks) text += c;
+        res.status = status;
+        res.set_content(text, "application/json");
+        return;
+      }
+      return send_error(res, upstream_error("the decode instance (node " + std::to_string(decode->node) + ") " +
+                                           (status > 0 ? "answered HTTP " + std::to_string(status)
+                                                       : "could not be reached: " + up->error)));
+    }
+    auto prefill_info = *prefill;
+    res.set_chunked_content_provider(
+        up->content_type.empty() ? "application/json" : up->content_type,
+        [up](size_t, httplib::DataSink& sink) {
+          for (;;) {
+            std::string chunk;
+            bool ended = false;
+            {
+              std::unique_lock<std::mutex> lock(up->mu);
+              up->cv.wait_for(lock, std::chrono::milliseconds(1000), [&] { return !up->chunks.empty() || up->ended; });
+              if (!up->chunks.empty()) {
+                chunk = std::move(up->chunks.front());
+                up->chunks.pop_front();
+              } else {
+                ended = up->ended;
+              }
+            }
+            if (!chunk.empty() && !sink.write(chunk.data(), chunk.size())) return false;
+            if (ended) {
+              sink.done();
+              return true;
+            }
+          }
+        },
+        [this, up, finish, prefill_info, transfer](bool success) {
+          if (!success) {
+            // The client left: both legs end.
+            ++counters_.client_aborts;
+            up->cancel = true;
+            abort_leg(prefill_info, transfer);
+          }
+          finish(success);
+        });
+  };
+  s.Post("/v1/completions", [generate](const httplib::Request& req, httplib::Response& res) {
+    generate(req, res, "/v1/completions");
+  });
+  s.Post("/v1/chat/completions", [generate](const httplib::Request& req, httplib::Response& res) {
+    generate(req, res, "/v1/chat/completions");
+  });
+}
+
+}  // namespace tandem::router

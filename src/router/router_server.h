@@ -1,0 +1,91 @@
+// `tandem router`: the client-facing OpenAI API of a P/D cluster.
+//
+// For each completion or chat request it mints a transfer id, picks a
+// prefill and a decode instance from the registry, hands the request to the
+// prefill (which accepts at once and computes) and then to the decode (each
+// with its "kv_transfer_params"), and relays the decode's response to the
+// client as it streams. A client that goes away ends both legs; an instance
+// that refuses or fails ends the other leg. Nothing waits unbounded: upstream
+// calls have timeouts, requests beyond max_in_flight get 503 at once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "router/registry.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace tandem::router {
+
+struct RouterConfig {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string secret;   // the cluster secret (instances sign with it)
+  std::string api_key;  // clients' bearer token; empty: none
+  pd::Epoch epoch = 1;  // carried in transfer ids: a restarted router never repeats one
+  int64_t eviction_ms = 5000;
+  int64_t request_timeout_ms = 900'000;
+  int64_t max_in_flight = 1024;
+  int http_threads = 256;
+  int upstream_connect_timeout_ms = 3000;
+};
+
+struct RouterCounters {
+  std::atomic<int64_t> requests{0};
+  std::atomic<int64_t> completed{0};
+  std::atomic<int64_t> failed{0};
+  std::atomic<int64_t> client_aborts{0};
+  std::atomic<int64_t> rejected_overload{0};
+  std::atomic<int64_t> rejected_no_instance{0};
+  std::atomic<int64_t> bad_signatures{0};
+  std::atomic<int64_t> registrations{0};
+  std::atomic<int64_t> registrations_refused{0};
+};
+
+class RouterServer {
+ public:
+  explicit RouterServer(RouterConfig config);
+  ~RouterServer();
+  RouterServer(const RouterServer&) = delete;
+  RouterServer& operator=(const RouterServer&) = delete;
+
+  int bind();
+  void serve();
+  void stop();
+  Registry& registry() { return registry_; }
+  const RouterCounters& counters() const { return counters_; }
+
+ private:
+  struct InFlight {
+    pd::TransferId transfer = 0;
+    pd::NodeId prefill = 0;
+    pd::NodeId decode = 0;
+    int64_t started_ms = 0;
+    std::string phase;
+  };
+  void install_routes();
+  pd::TransferId mint();
+  void abort_leg(const InstanceInfo& instance, pd::TransferId transfer);
+
+  RouterConfig config_;
+  Registry registry_;
+  RouterCounters counters_;
+  std::unique_ptr<httplib::Server> http_;
+  int listen_fd_ = -1;
+  std::atomic<uint64_t> next_transfer_{1};
+  std::atomic<int64_t> in_flight_{0};
+  std::mutex mu_;
+  std::map<pd::TransferId, InFlight> transfers_;
+  std::atomic<bool> running_{false};
+  std::thread evictor_;
+};
+
+}  // namespace tandem::router
