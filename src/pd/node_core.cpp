@@ -11,7 +11,8 @@ void Outbox::put(Message message, TimeMs now_ms, TimeMs interval_ms, Outputs* ou
     return p.message.kind == message.kind && p.message.to == message.to;
   });
   out->messages.push_back(message);
-  pending_.push_back({std::move(message), now_ms + interval_ms, 1});
+  TimeMs first = std::max<TimeMs>(1, interval_ms / 16);
+  pending_.push_back({std::move(message), now_ms + first, first, 1});
 }
 
 bool Outbox::ack(NodeId from, MessageKind kind) {
@@ -55,7 +56,8 @@ int Outbox::service(TimeMs now_ms, TimeMs interval_ms, int32_t max_sends, Output
     out->messages.push_back(it->message);
     ++it->sends;
     ++*retransmits;
-    it->next_send_ms = now_ms + interval_ms;
+    it->backoff_ms = std::min(interval_ms, it->backoff_ms * 2);
+    it->next_send_ms = now_ms + it->backoff_ms;
     ++it;
   }
   return exhausted;

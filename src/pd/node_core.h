@@ -15,10 +15,15 @@
 
 namespace tandem::pd {
 
-// One message awaiting its Ack.
+// One message awaiting its Ack. Resends back off: the first comes after
+// interval/16, each next one after twice the last, up to the interval. A
+// message that merely overtook its transfer's Start (dropped as unknown by a
+// peer that has not seen the Start yet) is so resent within tens of
+// milliseconds, while a dead or cut-off peer still costs one send per interval.
 struct PendingSend {
   Message message;
   TimeMs next_send_ms = 0;
+  TimeMs backoff_ms = 0;
   int32_t sends = 0;
 };
 

@@ -1,0 +1,306 @@
+// P/D across processes: `tandem cluster` starts a router and prefill and
+// decode instances (real processes, UCX over TCP on loopback); requests go
+// through the router's OpenAI API. Output must be token-identical to one
+// `tandem serve` instance, and after the drain every instance's pool is back
+// to its baseline. Each test owns its processes: a process group per
+// cluster, ports picked free, every wait bounded, everything killed and
+// reaped on every exit path.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model_fixtures.h"
+#include "util/clock.h"
+
+namespace tandem {
+namespace {
+
+using json = nlohmann::json;
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A process group running one command; killed and reaped when it goes.
+class Group {
+ public:
+  explicit Group(const std::string& command) {
+    int fds[2];
+    EXPECT_EQ(pipe(fds), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      dup2(fds[1], STDERR_FILENO);
+      close(fds[0]);
+      execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    setpgid(pid_, pid_);
+    close(fds[1]);
+    fd_ = fds[0];
+  }
+  ~Group() {
+    if (pid_ > 0) {
+      kill(-pid_, SIGTERM);
+      int64_t until = monotonic_ms() + 15'000;
+      while (monotonic_ms() < until && waitpid(pid_, nullptr, WNOHANG) == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      kill(-pid_, SIGKILL);  // anything left in the group
+      waitpid(pid_, nullptr, WNOHANG);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  // Reads stderr until a line contains `needle` (true) or timeout_ms passes.
+  bool wait_for(const std::string& needle, int timeout_ms, std::string* line_out = nullptr) {
+    int64_t until = monotonic_ms() + timeout_ms;
+    while (monotonic_ms() < until) {
+      size_t nl;
+      while ((nl = buffer_.find('\n')) != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        log_ += line + "\n";
+        if (line.find(needle) != std::string::npos) {
+          if (line_out) *line_out = line;
+          return true;
+        }
+      }
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) > 0) {
+        char buf[4096];
+        ssize_t n = read(fd_, buf, sizeof(buf));
+        if (n <= 0) return false;
+        buffer_.append(buf, static_cast<size_t>(n));
+      }
+    }
+    return false;
+  }
+  const std::string& log() const { return log_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string buffer_, log_;
+};
+
+struct Cluster {
+  int port = free_port();
+  std::unique_ptr<Group> group;
+  Cluster(int prefill, int decode, const std::string& mode) {
+    const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
+    group = std::make_unique<Group>(std::string(TANDEM_BINARY) + " cluster --prefill " + std::to_string(prefill) +
+                                    " --decode " + std::to_string(decode) + " --mode " + mode + " -m " + model +
+                                    " --port " + std::to_string(port) + " --kv-cache-mb 16 -t 1 --ready-timeout 60");
+  }
+  bool ready() { return group->wait_for("tandem cluster: ready", 90'000); }
+};
+
+struct Single {
+  std::unique_ptr<Group> group;
+  int port = 0;
+  Single() {
+    const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
+    group = std::make_unique<Group>(std::string(TANDEM_BINARY) + " serve -m " + model +
+                                    " --port 0 -t 1 --kv-cache-mb 16");
+    std::string line;
+    if (group->wait_for("http://127.0.0.1:", 30'000, &line)) port = std::stoi(line.substr(line.find("127.0.0.1:") + 10));
+  }
+};
+
+json post(int port, const std::string& path, const json& body, int* status = nullptr) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  auto r = cli.Post(path, body.dump(), "application/json");
+  if (status) *status = r ? r->status : -1;
+  if (!r) return json();
+  return json::parse(r->body, nullptr, false);
+}
+
+// The text of every choice, in index order.
+std::vector<std::string> texts(const json& response) {
+  std::vector<std::string> out;
+  if (!response.is_object() || !response.contains("choices")) return {"<no choices: " + response.dump() + ">"};
+  for (const json& c : response["choices"])
+    out.push_back(c.contains("text") ? c["text"].get<std::string>() : c["message"]["content"].get<std::string>());
+  return out;
+}
+
+// Streams a request and returns the concatenated text of choice 0.
+std::string stream_text(int port, const std::string& path, json body) {
+  body["stream"] = true;
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  std::string raw;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    raw.append(d, n);
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  cli.send(req, res, err);
+  std::string text;
+  size_t pos = 0;
+  while ((pos = raw.find("data: {", pos)) != std::string::npos) {
+    size_t end = raw.find("\n\n", pos);
+    json j = json::parse(raw.substr(pos + 6, end - pos - 6), nullptr, false);
+    pos = end;
+    if (!j.is_object() || !j.contains("choices")) continue;
+    for (const json& c : j["choices"]) {
+      if (c.contains("text")) text += c["text"].get<std::string>();
+      if (c.contains("delta") && c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+    }
+  }
+  if (raw.find("data: [DONE]") == std::string::npos) text += "<no [DONE]>";
+  return text;
+}
+
+double metric(int port, const std::string& name) {
+  httplib::Client cli("127.0.0.1", port);
+  auto r = cli.Get("/metrics");
+  if (!r) return -1;
+  size_t at = r->body.find("\n" + name + " ");
+  if (at == std::string::npos) return -2;
+  return std::stod(r->body.substr(at + name.size() + 2));
+}
+
+std::vector<int> instance_ports(int router_port) {
+  httplib::Client cli("127.0.0.1", router_port);
+  auto r = cli.Get("/debug/instances");
+  std::vector<int> ports;
+  if (!r) return ports;
+  for (const json& i : json::parse(r->body)["instances"]) ports.push_back(i["api_port"].get<int>());
+  return ports;
+}
+
+// Every instance back to baseline: nothing held for a transfer, nothing waiting, nothing owned.
+void expect_drained(int router_port) {
+  for (int port : instance_ports(router_port)) {
+    bool drained = false;
+    for (int64_t until = monotonic_ms() + 10'000; monotonic_ms() < until && !drained;) {
+      drained = metric(port, "tandem_kv_blocks_held_for_transfer") == 0 &&
+                metric(port, "tandem_num_requests_waiting_remote_kv") == 0 &&
+                metric(port, "tandem_kv_cache_usage_perc") == 0;
+      if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(drained) << "instance on port " << port << " did not return to its baseline";
+  }
+}
+
+json completion(const std::string& prompt, int max_tokens) {
+  return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
+}
+
+class PdCluster : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PdCluster, OneByOneThroughTheRouterEqualsOneInstance) {
+  Cluster c(1, 1, GetParam());
+  Single single;
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  ASSERT_GT(single.port, 0) << single.group->log();
+  for (const std::string& p : {std::string("Hi"), std::string("Once upon a time"),
+                               std::string("The quick brown fox jumps over the lazy dog, and then again and again")}) {
+    int status = 0;
+    json got = post(c.port, "/v1/completions", completion(p, 12), &status);
+    EXPECT_EQ(status, 200) << got.dump();
+    EXPECT_EQ(texts(got), texts(post(single.port, "/v1/completions", completion(p, 12)))) << p;
+  }
+  // Streamed chat, and parallel sampling with a seed (n = 2 of best_of = 3).
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Tell me a story"}}}}, {"max_tokens", 10},
+               {"temperature", 0}};
+  EXPECT_EQ(stream_text(c.port, "/v1/chat/completions", chat), stream_text(single.port, "/v1/chat/completions", chat));
+  json sampled = completion("Seeded siblings", 8);
+  sampled["temperature"] = 0.8;
+  sampled["seed"] = 42;
+  sampled["n"] = 2;
+  sampled["best_of"] = 3;
+  EXPECT_EQ(texts(post(c.port, "/v1/completions", sampled)), texts(post(single.port, "/v1/completions", sampled)));
+  expect_drained(c.port);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, PdCluster, ::testing::Values("write", "read"));
+
+TEST(PdClusterLoad, TwoByTwoServesConcurrentRequestsIdentically) {
+  Cluster c(2, 2, "write");
+  Single single;
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  ASSERT_GT(single.port, 0);
+  std::vector<std::string> prompts;
+  for (int i = 0; i < 16; ++i) prompts.push_back("request number " + std::to_string(i) + std::string(static_cast<size_t>(i * 3), 'x'));
+  std::vector<std::vector<std::string>> want;
+  for (const auto& p : prompts) want.push_back(texts(post(single.port, "/v1/completions", completion(p, 8))));
+  std::vector<std::vector<std::string>> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] { got[i] = texts(post(c.port, "/v1/completions", completion(prompts[i], 8))); });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  // Both prefills and both decodes took part.
+  httplib::Client cli("127.0.0.1", c.port);
+  auto r = cli.Get("/debug/instances");
+  ASSERT_TRUE(r);
+  for (const json& i : json::parse(r->body)["instances"]) EXPECT_GT(i["requests"].get<int>(), 0) << i.dump();
+  expect_drained(c.port);
+}
+
+TEST(PdClusterErrors, NoDecodeInstanceIsA503NamingIt) {
+  int port = free_port();
+  setenv("TANDEM_CLUSTER_SECRET", "s", 1);
+  Group router(std::string(TANDEM_BINARY) + " router --port " + std::to_string(port));
+  ASSERT_TRUE(router.wait_for("OpenAI API on", 10'000)) << router.log();
+  int status = 0;
+  json body = post(port, "/v1/completions", completion("x", 2), &status);
+  EXPECT_EQ(status, 503);
+  EXPECT_NE(body.dump().find("no healthy prefill instance"), std::string::npos) << body.dump();
+  httplib::Client cli("127.0.0.1", port);
+  auto health = cli.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+}
+
+TEST(PdClusterErrors, AnInstanceWithAWrongSecretCannotJoin) {
+  int port = free_port();
+  setenv("TANDEM_CLUSTER_SECRET", "right", 1);
+  Group router(std::string(TANDEM_BINARY) + " router --port " + std::to_string(port));
+  ASSERT_TRUE(router.wait_for("OpenAI API on", 10'000));
+  const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
+  Group intruder("env TANDEM_CLUSTER_SECRET=wrong " + std::string(TANDEM_BINARY) + " serve --role decode --router http://127.0.0.1:" +
+                 std::to_string(port) + " -m " + model + " --port 0 -t 1 --kv-cache-mb 16");
+  EXPECT_TRUE(intruder.wait_for("cluster secret differs", 20'000)) << intruder.log();
+  int wstatus = 0;
+  for (int64_t until = monotonic_ms() + 10'000; monotonic_ms() < until && waitpid(intruder.pid(), &wstatus, WNOHANG) == 0;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) != 0);
+  httplib::Client cli("127.0.0.1", port);
+  auto r = cli.Get("/debug/instances");
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(json::parse(r->body)["instances"].empty());
+  EXPECT_GE(metric(port, "tandem_router_bad_signatures"), 1);
+}
+
+}  // namespace
+}  // namespace tandem
