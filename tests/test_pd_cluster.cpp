@@ -14,11 +14,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <map>
 #include <vector>
 
 #include "model_fixtures.h"
@@ -106,13 +108,31 @@ class Group {
 struct Cluster {
   int port = free_port();
   std::unique_ptr<Group> group;
-  Cluster(int prefill, int decode, const std::string& mode) {
+  std::map<std::string, pid_t> pids;  // "router", "prefill 0", "decode 0", ...
+  Cluster(int prefill, int decode, const std::string& mode, const std::string& extra = "") {
     const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
     group = std::make_unique<Group>(std::string(TANDEM_BINARY) + " cluster --prefill " + std::to_string(prefill) +
                                     " --decode " + std::to_string(decode) + " --mode " + mode + " -m " + model +
-                                    " --port " + std::to_string(port) + " --kv-cache-mb 16 -t 1 --ready-timeout 60");
+                                    " --port " + std::to_string(port) + " --kv-cache-mb 16 -t 1 --ready-timeout 60 " +
+                                    extra);
   }
-  bool ready() { return group->wait_for("tandem cluster: ready", 90'000); }
+  bool ready() {
+    std::string line;
+    if (!group->wait_for("tandem cluster: pids:", 90'000, &line)) return false;
+    // "... pids: router=1 prefill 0=2 decode 0=3"
+    std::string rest = line.substr(line.find("pids:") + 5), name;
+    size_t pos = 0;
+    while (pos < rest.size()) {
+      size_t eq = rest.find('=', pos);
+      if (eq == std::string::npos) break;
+      size_t end = rest.find(' ', eq);
+      name = rest.substr(pos, eq - pos);
+      while (!name.empty() && name.front() == ' ') name.erase(0, 1);
+      pids[name] = std::stoi(rest.substr(eq + 1, end - eq - 1));
+      pos = end == std::string::npos ? rest.size() : end + 1;
+    }
+    return group->wait_for("tandem cluster: ready", 30'000);
+  }
 };
 
 struct Single {
@@ -183,9 +203,14 @@ double metric(int port, const std::string& name) {
   httplib::Client cli("127.0.0.1", port);
   auto r = cli.Get("/metrics");
   if (!r) return -1;
-  size_t at = r->body.find("\n" + name + " ");
-  if (at == std::string::npos) return -2;
-  return std::stod(r->body.substr(at + name.size() + 2));
+  // "name value" or "name{labels} value"
+  for (const char* after : {" ", "{"}) {
+    size_t at = r->body.find("\n" + name + after);
+    if (at == std::string::npos) continue;
+    size_t space = r->body.find(' ', at + 1 + name.size());
+    return std::stod(r->body.substr(space + 1));
+  }
+  return -2;
 }
 
 std::vector<int> instance_ports(int router_port) {
@@ -193,7 +218,8 @@ std::vector<int> instance_ports(int router_port) {
   auto r = cli.Get("/debug/instances");
   std::vector<int> ports;
   if (!r) return ports;
-  for (const json& i : json::parse(r->body)["instances"]) ports.push_back(i["api_port"].get<int>());
+  const json listed = json::parse(r->body);
+  for (const json& i : listed["instances"]) ports.push_back(i["api_port"].get<int>());
   return ports;
 }
 
@@ -207,7 +233,10 @@ void expect_drained(int router_port) {
                 metric(port, "tandem_kv_cache_usage_perc") == 0;
       if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    EXPECT_TRUE(drained) << "instance on port " << port << " did not return to its baseline";
+    EXPECT_TRUE(drained) << "instance on port " << port << " did not return to its baseline: held "
+                         << metric(port, "tandem_kv_blocks_held_for_transfer") << ", waiting for KV "
+                         << metric(port, "tandem_num_requests_waiting_remote_kv") << ", usage "
+                         << metric(port, "tandem_kv_cache_usage_perc");
   }
 }
 
@@ -263,7 +292,8 @@ TEST(PdClusterLoad, TwoByTwoServesConcurrentRequestsIdentically) {
   httplib::Client cli("127.0.0.1", c.port);
   auto r = cli.Get("/debug/instances");
   ASSERT_TRUE(r);
-  for (const json& i : json::parse(r->body)["instances"]) EXPECT_GT(i["requests"].get<int>(), 0) << i.dump();
+  const json listed = json::parse(r->body);
+  for (const json& i : listed["instances"]) EXPECT_GT(i["requests"].get<int>(), 0) << i.dump();
   expect_drained(c.port);
 }
 
@@ -300,6 +330,168 @@ TEST(PdClusterErrors, AnInstanceWithAWrongSecretCannotJoin) {
   ASSERT_TRUE(r);
   EXPECT_TRUE(json::parse(r->body)["instances"].empty());
   EXPECT_GE(metric(port, "tandem_router_bad_signatures"), 1);
+}
+
+json instance_debug(int router_port, const std::string& role) {
+  httplib::Client cli("127.0.0.1", router_port);
+  auto r = cli.Get("/debug/instances");
+  if (!r) return json();
+  const json listed = json::parse(r->body);
+  for (const json& i : listed["instances"]) {
+    if (i["role"] != role) continue;
+    httplib::Client inst("127.0.0.1", i["api_port"].get<int>());
+    auto d = inst.Get("/debug/transfers");
+    if (d) return json::parse(d->body, nullptr, false);
+  }
+  return json();
+}
+
+// Waits until the router lists an instance of `role` whose epoch differs from `old_epoch`.
+bool rejoined(int router_port, const std::string& role, uint32_t old_epoch, int timeout_ms = 30'000) {
+  for (int64_t until = monotonic_ms() + timeout_ms; monotonic_ms() < until;) {
+    httplib::Client cli("127.0.0.1", router_port);
+    auto r = cli.Get("/debug/instances");
+    const json listed = r ? json::parse(r->body) : json::object();
+    if (listed.contains("instances"))
+      for (const json& i : listed["instances"])
+        if (i["role"] == role && i["epoch"].get<uint32_t>() != old_epoch) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+uint32_t epoch_of(int router_port, const std::string& role) {
+  httplib::Client cli("127.0.0.1", router_port);
+  auto r = cli.Get("/debug/instances");
+  if (!r) return 0;
+  const json listed = json::parse(r->body);
+  for (const json& i : listed["instances"])
+    if (i["role"] == role) return i["epoch"].get<uint32_t>();
+  return 0;
+}
+
+// kill -9 of the decode mid-stream: the client's stream ends with an error
+// within the lease bound (never a hang); the supervisor restarts the decode
+// in a new epoch, the prefill declares the old one dead, new requests succeed.
+TEST(PdClusterFailures, KillingTheDecodeMidStreamEndsTheStreamWithAnError) {
+  Cluster c(1, 1, "write");
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  uint32_t old_epoch = epoch_of(c.port, "decode");
+  std::atomic<bool> first{false};
+  std::string raw;
+  int64_t ended_ms = 0;
+  std::thread client([&] {
+    httplib::Client cli("127.0.0.1", c.port);
+    cli.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"prompt", "a long one"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+      raw.append(d, n);
+      if (raw.find("data: {") != std::string::npos) first = true;
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err;
+    cli.send(req, res, err);
+    ended_ms = monotonic_ms();
+  });
+  for (int i = 0; i < 4000 && !first; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(first.load());
+  int64_t killed_ms = monotonic_ms();
+  ASSERT_EQ(kill(c.pids.at("decode 0"), SIGKILL), 0);
+  client.join();
+  EXPECT_LT(ended_ms - killed_ms, 5000) << "the client waited past the lease bound";
+  EXPECT_NE(raw.find("\"error\""), std::string::npos) << raw.substr(raw.size() > 400 ? raw.size() - 400 : 0);
+  EXPECT_EQ(raw.find("\"finish_reason\":\"length\""), std::string::npos);
+  ASSERT_TRUE(rejoined(c.port, "decode", old_epoch)) << c.group->log();
+  // The restarted decode connects and serves; the prefill saw the old epoch die.
+  bool served = false;
+  for (int64_t until = monotonic_ms() + 20'000; monotonic_ms() < until && !served;) {
+    int status = 0;
+    json r = post(c.port, "/v1/completions", completion("after the restart", 4), &status);
+    served = status == 200 && texts(r).size() == 1 && r.dump().find("error") == std::string::npos;
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(served);
+  json p = instance_debug(c.port, "prefill");
+  EXPECT_GE(p.value("peer_deaths", 0), 1) << p.dump();
+  expect_drained(c.port);
+}
+
+// kill -9 of the prefill while the decode holds its admission back (WRITE:
+// the prefill holds computed KV waiting for the addresses): the decode frees
+// everything and the router fails the request with a reason.
+TEST(PdClusterFailures, KillingThePrefillMidTransferFailsTheRequestCleanly) {
+  Cluster c(1, 1, "write", "--decode-args=--test-admission-delay-ms=3000");
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  std::string body;
+  int status = 0;
+  int64_t sent_ms = monotonic_ms();
+  std::thread client([&] { body = post(c.port, "/v1/completions", completion("doomed", 4), &status).dump(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_EQ(kill(c.pids.at("prefill 0"), SIGKILL), 0);
+  client.join();
+  EXPECT_LT(monotonic_ms() - sent_ms, 15'000);
+  EXPECT_NE(body.find("error"), std::string::npos) << body;
+  EXPECT_NE(body.find("peer_dead"), std::string::npos) << body;
+  expect_drained(c.port);
+}
+
+// Seed 000: the decode's admission takes longer than a fixed deferred-write
+// expiry would allow (scaled: 4 s against a 3 s lease). Nothing expires; the
+// request completes with the output of one instance.
+TEST(PdClusterFailures, ASlowDecodeAdmissionStillCompletes) {
+  Cluster c(1, 1, "write", "--decode-args=--test-admission-delay-ms=4000");
+  Single single;
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  ASSERT_GT(single.port, 0);
+  int status = 0;
+  json got = post(c.port, "/v1/completions", completion("slow admission", 6), &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(texts(got), texts(post(single.port, "/v1/completions", completion("slow admission", 6))));
+  json p = instance_debug(c.port, "prefill");
+  EXPECT_GE(p.value("/transfers_by_state/Ended/count"_json_pointer, 0), 1) << p.dump();
+  expect_drained(c.port);
+}
+
+// Seeded drops, duplicates and delays of every control frame on both
+// instances: 200 requests, 8 at a time, all end, all token-identical to one
+// instance, nothing leaks.
+TEST(PdClusterSoak, TwoHundredRequestsUnderInjectedFaults) {
+  const std::string faults = "--test-faults=seed=7,drop=0.1,dup=0.1,delay=0.2,max_delay_ms=150";
+  Cluster c(1, 1, "write", "--prefill-args=" + faults + " --decode-args=" + faults);
+  Single single;
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  ASSERT_GT(single.port, 0);
+  constexpr int kRequests = 200, kClients = 8;
+  std::vector<std::vector<std::string>> want(kRequests), got(kRequests);
+  auto prompt = [](int i) { return "soak " + std::to_string(i % 23) + std::string(static_cast<size_t>(i % 7), '!'); };
+  for (int i = 0; i < 23 * 7 && i < kRequests; ++i) want[i] = texts(post(single.port, "/v1/completions", completion(prompt(i), 3)));
+  for (int i = 23 * 7; i < kRequests; ++i) want[i] = want[i % (23 * 7)];
+  std::atomic<int> next{0};
+  std::vector<std::thread> clients;
+  int64_t start = monotonic_ms();
+  for (int k = 0; k < kClients; ++k)
+    clients.emplace_back([&] {
+      for (int i; (i = next++) < kRequests;) got[i] = texts(post(c.port, "/v1/completions", completion(prompt(i), 3)));
+    });
+  for (auto& t : clients) t.join();
+  int same = 0;
+  for (int i = 0; i < kRequests; ++i) same += got[i] == want[i];
+  EXPECT_EQ(same, kRequests);
+  std::fprintf(stderr, "soak: %d requests in %lld ms\n", kRequests, static_cast<long long>(monotonic_ms() - start));
+  for (const char* role : {"prefill", "decode"}) {
+    json d = instance_debug(c.port, role);
+    EXPECT_GT(d.value("/injected_faults/dropped"_json_pointer, 0), 0) << d.dump() << c.group->log();
+    EXPECT_GT(d.value("/drops/duplicate"_json_pointer, 0) + d.value("/drops/unknown"_json_pointer, 0) +
+                  d.value("/drops/ended"_json_pointer, 0),
+              0)
+        << d.dump();
+  }
+  expect_drained(c.port);
 }
 
 }  // namespace

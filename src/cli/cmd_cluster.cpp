@@ -36,7 +36,23 @@ struct ClusterArgs {
   int threads = 0;  // per instance; 0: cores / instances, at least 1
   std::string tls = "tcp";
   int ready_timeout_s = 120;
+  std::string prefill_args, decode_args;  // extra `tandem serve` arguments per role
 };
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> words;
+  std::string w;
+  for (char c : s) {
+    if (c == ' ') {
+      if (!w.empty()) words.push_back(w);
+      w.clear();
+    } else {
+      w += c;
+    }
+  }
+  if (!w.empty()) words.push_back(w);
+  return words;
+}
 
 struct Child {
   std::string name;
@@ -101,6 +117,7 @@ void run_cluster(const ClusterArgs& a) {
                         {exe, "serve", "--role", prefill ? "prefill" : "decode", "--router", router_url, "-m", model,
                          "--port", "0", "--node-id", std::to_string(2 + i), "--kv-mode", a.mode, "--kv-cache-mb",
                          std::to_string(a.kv_cache_mb), "-t", std::to_string(threads), "--ucx-tls", a.tls}});
+    for (const std::string& w : split_words(prefill ? a.prefill_args : a.decode_args)) children.back().args.push_back(w);
   }
   for (Child& c : children) c.pid = spawn(c.args);
 
@@ -150,6 +167,9 @@ void run_cluster(const ClusterArgs& a) {
     stop_all();
     throw Error("the cluster did not become ready within " + std::to_string(a.ready_timeout_s) + " s");
   }
+  std::string pids;
+  for (const Child& c : children) pids += " " + c.name + "=" + std::to_string(c.pid);
+  std::fprintf(stderr, "tandem cluster: pids:%s\n", pids.c_str());
   std::fprintf(stderr,
                "tandem cluster: ready: %d prefill + %d decode (%s mode), OpenAI API at %s/v1 (Ctrl-C stops everything)\n"
                "  try: curl -sN %s/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
@@ -172,6 +192,7 @@ void run_cluster(const ClusterArgs& a) {
                      WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
         ++c.restarts;
         c.pid = spawn(c.args);
+        std::fprintf(stderr, "tandem cluster: %s restarted as pid %d\n", c.name.c_str(), c.pid);
       }
     }
   }
@@ -194,6 +215,8 @@ void add_cluster(CLI::App& app) {
   cmd->add_option("--ucx-tls", a->tls, "UCX transports for KV transfer");
   cmd->add_option("--ready-timeout", a->ready_timeout_s, "Seconds to wait for every instance to join")
       ->check(CLI::Range(1, 3600));
+  cmd->add_option("--prefill-args", a->prefill_args, "Extra `tandem serve` arguments for prefill instances");
+  cmd->add_option("--decode-args", a->decode_args, "Extra `tandem serve` arguments for decode instances");
   cmd->callback([a] { run_cluster(*a); });
 }
 

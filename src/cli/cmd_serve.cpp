@@ -161,6 +161,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--transfer-port", a->pd.transfer_port, "Port of the KV transfer listener (0: any free port)");
   cmd->add_option("--ucx-tls", a->pd.tls, "UCX transports for KV transfer (tcp fences by closing; see docs)");
   cmd->add_option("--ucx-net-devices", a->pd.net_devices, "UCX_NET_DEVICES for KV transfer");
+  cmd->add_option("--test-faults", a->pd.test_faults,
+                  "TEST KNOB: inject control-frame faults, e.g. seed=1,drop=0.05,dup=0.05,delay=0.1,max_delay_ms=200");
+  cmd->add_option("--test-admission-delay-ms", a->pd.test_admission_delay_ms,
+                  "TEST KNOB: a decode admits each transferred request this much later");
   cmd->callback([a] { run_serve(*a); });
 }
 

@@ -9,6 +9,7 @@
 
 #include "instance/fingerprint.h"
 #include "router/cluster_api.h"
+#include "transport/faulty_transport.h"
 #include "transport/ucx_transport.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -99,17 +100,25 @@ PdInstance::PdInstance(EngineCore& engine, const gguf::File& file, server::HttpS
   tc.listen_port = options_.transfer_port;
   tc.tls = options_.tls;
   tc.net_devices = options_.net_devices;
-  auto t = std::make_unique<transport::UcxTransport>(tc);
-  if (!t->fences_by_close())
+  auto ucx = std::make_unique<transport::UcxTransport>(tc);
+  if (!ucx->fences_by_close())
     std::fprintf(stderr,
                  "tandem: UCX_TLS=%s includes shared memory: a peer on this host is fenced only when its process "
                  "exits (blocks it could reach stay quarantined until then)\n",
                  options_.tls.c_str());
-  transfer_port_ = t->listen_port();
+  transfer_port_ = ucx->listen_port();
+  std::unique_ptr<transport::Transport> t = std::move(ucx);
+  if (!options_.test_faults.empty()) {
+    auto faulty = std::make_unique<transport::FaultyTransport>(std::move(t), transport::parse_fault_spec(options_.test_faults));
+    faults_ = faulty.get();
+    t = std::move(faulty);
+    std::fprintf(stderr, "tandem: TEST KNOB: control frames suffer injected faults (%s)\n", options_.test_faults.c_str());
+  }
   instance::TransferAgentConfig ac;
   ac.role = options_.role;
   ac.node = options_.node;
   ac.epoch = epoch_;
+  ac.test_admission_delay_ms = options_.test_admission_delay_ms;
   agent_ = std::make_unique<instance::TransferAgent>(engine, std::move(t), ac);
   agent_->start();
 
@@ -143,10 +152,54 @@ PdInstance::PdInstance(EngineCore& engine, const gguf::File& file, server::HttpS
   hook.verify = [this](const std::string& body, const std::string& signature) {
     return router::verify(options_.secret, body, signature);
   };
+  hook.debug_transfers = [this] { return debug_json(); };
   http.set_pd_hook(std::move(hook));
 }
 
 PdInstance::~PdInstance() { leave(); }
+
+std::string PdInstance::debug_json() {
+  auto s = agent_->snapshot();
+  if (!s) return json{{"error", "the transfer agent did not answer within 1 s"}}.dump();
+  json by_state = json::object();
+  for (size_t i = 0; i < s->transfers_by_state.size(); ++i) {
+    std::string name = options_.role == pd::Role::kPrefill ? std::string(pd::name(static_cast<pd::PrefillState>(i)))
+                                                           : std::string(pd::name(static_cast<pd::DecodeState>(i)));
+    by_state[name] = {{"count", s->transfers_by_state[i]}, {"oldest_ms", s->ages_by_state[i].oldest_ms}};
+  }
+  json drops = json::object(), ends = json::object();
+  for (int i = 0; i < pd::kDropReasonCount; ++i)
+    drops[std::string(pd::name(static_cast<pd::DropReason>(i)))] = s->stats.drops[static_cast<size_t>(i)];
+  for (int i = 0; i < pd::kEndReasonCount; ++i)
+    ends[std::string(pd::name(static_cast<pd::EndReason>(i)))] = s->stats.ends[static_cast<size_t>(i)];
+  json wire = json::object();
+  for (int i = 1; i < transport::kWireErrorCount; ++i)
+    wire[std::string(transport::name(static_cast<transport::WireError>(i)))] = s->counters.wire_errors[static_cast<size_t>(i)];
+  json peers = json::array();
+  for (pd::NodeId p : s->connected_peers) peers.push_back(p);
+  json j = {{"role", std::string(pd::name(options_.role))},
+            {"node", options_.node},
+            {"epoch", epoch_},
+            {"transfers_by_state", by_state},
+            {"live_transfers", s->live_transfers},
+            {"blocks_held", s->blocks_held},
+            {"drops", drops},
+            {"ends", ends},
+            {"wire_errors", wire},
+            {"spoofed_frames", s->counters.spoofed_frames},
+            {"unsent_messages", s->counters.unsent_messages},
+            {"retransmits", s->stats.retransmits},
+            {"peer_deaths", s->stats.peer_deaths},
+            {"rma_posts", s->counters.rma_posts},
+            {"rma_failures", s->counters.rma_failures},
+            {"connected_peers", peers},
+            {"requests_tracked", s->requests_tracked}};
+  if (faults_ != nullptr)
+    j["injected_faults"] = {{"dropped", faults_->counters().dropped},
+                            {"duplicated", faults_->counters().duplicated},
+                            {"delayed", faults_->counters().delayed}};
+  return j.dump();
+}
 
 bool PdInstance::register_once(std::string* why) {
   router::InstanceInfo info;

@@ -12,6 +12,7 @@
 #include "engine/engine_core.h"
 #include "gguf/gguf.h"
 #include "instance/transfer_agent.h"
+#include "transport/faulty_transport.h"
 #include "server/http_server.h"
 
 namespace tandem::cli {
@@ -28,6 +29,9 @@ struct PdInstanceOptions {
   std::string net_devices;     // UCX_NET_DEVICES
   int heartbeat_ms = 1000;
   int register_timeout_s = 60;
+  // Test knobs (off in production): injected control-frame faults, held-back admission.
+  std::string test_faults;
+  int64_t test_admission_delay_ms = 0;
 };
 
 // Reads a vLLM-style --kv-transfer-config JSON into `o` (docs/PD_PROTOCOL.md
@@ -47,6 +51,7 @@ class PdInstance {
 
  private:
   void heartbeat_loop();
+  std::string debug_json();
   bool register_once(std::string* why);
 
   EngineCore& engine_;
@@ -58,6 +63,7 @@ class PdInstance {
   int api_port_ = 0;
   uint16_t transfer_port_ = 0;
   std::unique_ptr<instance::TransferAgent> agent_;
+  transport::FaultyTransport* faults_ = nullptr;
   std::atomic<bool> running_{false};
   std::thread heartbeat_;
 };

@@ -154,45 +154,70 @@ void TransferAgent::send(const pd::Message& m) {
     // The router hears a request's fate through the client stream; what the
     // core would tell it is acted on here. A decode that fails a transfer
     // whose request still waits for its KV fails the request.
-    if (m.kind == MessageKind::kOutcome && m.reason != pd::EndReason::kCompleted && decode_)
-      engine_.fail_request(engine_id(m.transfer),
-                           "the KV transfer from the prefill instance failed (" + std::string(pd::name(m.reason)) + ")");
+    if (m.kind == MessageKind::kOutcome && m.reason != pd::EndReason::kCompleted && decode_) {
+      std::string why = "the KV transfer from the prefill instance failed (" + std::string(pd::name(m.reason)) + ")";
+      auto r = requests_.find(m.transfer);
+      if (engine_started_.count(m.transfer) != 0) {
+        engine_.fail_request(engine_id(m.transfer), std::move(why));
+      } else if (r != requests_.end() && r->second.sink) {
+        // The engine never had it: the client hears it from here, once.
+        RequestOutput fail;
+        fail.finished = true;
+        fail.error = std::move(why);
+        auto sink = std::move(r->second.sink);
+        r->second.sink = nullptr;
+        sink(std::move(fail));
+      }
+    }
     return;
   }
   if (!transport_->send(m.to, transport::encode_message(m))) ++counters_.unsent_messages;
 }
 
+void TransferAgent::start_engine_request(const pd::Effect& e) {
+  auto it = requests_.find(e.transfer);
+  TANDEM_ASSERT(it != requests_.end(), "an engine effect for a request the agent never submitted");
+  PdRequest& r = it->second;
+  EngineRequest er;
+  er.id = engine_id(e.transfer);
+  er.prompt = r.prompt;
+  er.kv_role = e.kind == EffectKind::kComputePrefill ? KvRole::kPrefillOnly : KvRole::kRemoteKv;
+  if (e.kind == EffectKind::kComputePrefill) {
+    er.params.max_tokens = 1;  // nothing is sampled; the engine's checks see one token
+  } else {
+    er.params = r.params;
+  }
+  pd::TransferId transfer = e.transfer;
+  er.sink = [this, transfer](RequestOutput&& out) { on_engine_output(transfer, std::move(out)); };
+  engine_started_.insert(transfer);
+  if (auto refused = engine_.add_request(std::move(er))) {
+    engine_started_.erase(transfer);
+    if (prefill_) {
+      run([&](pd::Outputs* out) { prefill_->on_prefill_failed(transfer, monotonic_ms(), out); });
+    } else {
+      RequestOutput fail;
+      fail.finished = true;
+      fail.error = *refused;
+      if (r.sink) r.sink(std::move(fail));
+      run([&](pd::Outputs* out) { decode_->on_allocation_failed(transfer, monotonic_ms(), out); });
+    }
+  }
+}
+
 void TransferAgent::apply(const pd::Effect& e) {
   switch (e.kind) {
     case EffectKind::kComputePrefill:
-    case EffectKind::kAllocate: {
-      auto it = requests_.find(e.transfer);
-      TANDEM_ASSERT(it != requests_.end(), "an engine effect for a request the agent never submitted");
-      PdRequest& r = it->second;
-      EngineRequest er;
-      er.id = engine_id(e.transfer);
-      er.prompt = r.prompt;
-      er.kv_role = e.kind == EffectKind::kComputePrefill ? KvRole::kPrefillOnly : KvRole::kRemoteKv;
-      if (e.kind == EffectKind::kComputePrefill) {
-        er.params.max_tokens = 1;  // nothing is sampled; the engine's checks see one token
-      } else {
-        er.params = r.params;
+      return start_engine_request(e);
+    case EffectKind::kAllocate:
+      if (config_.test_admission_delay_ms > 0) {
+        delayed_.emplace_back(monotonic_ms() + config_.test_admission_delay_ms, [this, e] {
+          // A transfer that ended meanwhile was already reported (send()).
+          const pd::DecodeTransfer* t = decode_->find(e.transfer);
+          if (t != nullptr && !t->ending) start_engine_request(e);
+        });
+        return;
       }
-      pd::TransferId transfer = e.transfer;
-      er.sink = [this, transfer](RequestOutput&& out) { on_engine_output(transfer, std::move(out)); };
-      if (auto refused = engine_.add_request(std::move(er))) {
-        if (prefill_) {
-          run([&](pd::Outputs* out) { prefill_->on_prefill_failed(transfer, monotonic_ms(), out); });
-        } else {
-          RequestOutput fail;
-          fail.finished = true;
-          fail.error = *refused;
-          if (r.sink) r.sink(std::move(fail));
-          run([&](pd::Outputs* out) { decode_->on_allocation_failed(transfer, monotonic_ms(), out); });
-        }
-      }
-      return;
-    }
+      return start_engine_request(e);
     case EffectKind::kCancel:
       engine_.abort_request(engine_id(e.transfer));
       return;
@@ -354,8 +379,23 @@ void TransferAgent::loop() {
     }
     for (Closure& c : work) c();
     pd::TimeMs now = monotonic_ms();
+    for (size_t i = 0; i < delayed_.size();) {
+      if (delayed_[i].first > now) {
+        ++i;
+        continue;
+      }
+      Closure c = std::move(delayed_[i].second);
+      delayed_.erase(delayed_.begin() + static_cast<ptrdiff_t>(i));
+      c();
+    }
     if (now >= next_wake_ms_) run([&](pd::Outputs* out) { core().on_timer(now, out); });
-    int timeout = static_cast<int>(std::clamp<pd::TimeMs>(next_wake_ms_ - monotonic_ms(), 0, config_.max_sleep_ms));
+    if (now >= next_sweep_ms_) {
+      sweep_requests();
+      next_sweep_ms_ = now + 1000;
+    }
+    pd::TimeMs wake = next_wake_ms_;
+    for (const auto& d : delayed_) wake = std::min(wake, d.first);
+    int timeout = static_cast<int>(std::clamp<pd::TimeMs>(wake - monotonic_ms(), 0, config_.max_sleep_ms));
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!inbox_.empty()) timeout = 0;
@@ -364,6 +404,22 @@ void TransferAgent::loop() {
     transport_->poll(timeout, &events);
     for (TransportEvent& e : events) on_event(e);
   }
+}
+
+// A request's record goes once its transfer has ended on this side (its
+// tombstone alone answers late messages).
+void TransferAgent::sweep_requests() {
+  auto ended = [&](pd::TransferId id) {
+    if (siblings_.count(id) != 0) return false;
+    if (prefill_) {
+      const pd::PrefillTransfer* t = prefill_->find(id);
+      return t == nullptr || t->state == pd::PrefillState::kEnded;
+    }
+    const pd::DecodeTransfer* t = decode_->find(id);
+    return t == nullptr || t->state == pd::DecodeState::kEnded;
+  };
+  std::erase_if(requests_, [&](const auto& kv) { return ended(kv.first); });
+  std::erase_if(engine_started_, [&](pd::TransferId id) { return requests_.count(id) == 0; });
 }
 
 std::optional<TransferAgent::Snapshot> TransferAgent::snapshot(int timeout_ms) {
@@ -387,6 +443,7 @@ std::optional<TransferAgent::Snapshot> TransferAgent::snapshot(int timeout_ms) {
     }
     s.stats = core().stats();
     s.counters = counters_;
+    s.requests_tracked = static_cast<int64_t>(requests_.size());
     for (const auto& [node, p] : peers_) s.connected_peers.push_back(node);
     promise->set_value(std::move(s));
   });

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +40,9 @@ struct TransferAgentConfig {
   int64_t rma_timeout_ms = 60'000;  // one put or get; then its endpoint is force-closed
   int max_sleep_ms = 50;
   int64_t reconnect_ms = 2000;
+  // Test knob: the decode admits each request this much later (seed 000's
+  // slow admission, scaled down). 0 in production.
+  int64_t test_admission_delay_ms = 0;
 };
 
 // One client request's part on this instance, as the router hands it over.
@@ -97,6 +101,7 @@ class TransferAgent {
     int64_t blocks_held = 0;
     std::vector<pd::NodeId> connected_peers;
     int64_t live_transfers = 0;  // not yet ended
+    int64_t requests_tracked = 0;
   };
   std::optional<Snapshot> snapshot(int timeout_ms = 1000);
 
@@ -110,6 +115,8 @@ class TransferAgent {
   void send(const pd::Message& m);
   void on_event(transport::TransportEvent& e);
   void on_engine_output(pd::TransferId transfer, RequestOutput&& out);
+  void start_engine_request(const pd::Effect& e);
+  void sweep_requests();
   pd::NodeCore& core();
   uint64_t engine_id(pd::TransferId t) const { return t + (uint64_t{1} << 62); }
   pd::Message start_message(const PdRequest& r) const;
@@ -125,13 +132,16 @@ class TransferAgent {
   // Agent thread only.
   std::map<pd::TransferId, PdRequest> requests_;  // until the core's transfer has a tombstone
   std::map<pd::TransferId, std::vector<pd::SiblingId>> siblings_;
+  std::set<pd::TransferId> engine_started_;  // the engine has (or had) the request
   struct Peer {
     pd::Epoch epoch = 0;
     transport::WireLimits limits;
   };
   std::map<pd::NodeId, Peer> peers_;
   std::map<pd::NodeId, pd::TimeMs> connecting_since_ms_;
+  std::vector<std::pair<pd::TimeMs, Closure>> delayed_;  // test_admission_delay_ms
   pd::TimeMs next_wake_ms_ = 0;
+  pd::TimeMs next_sweep_ms_ = 0;
   AgentCounters counters_;
 
   std::mutex mu_;

@@ -25,11 +25,16 @@ std::optional<std::string> Registry::add(InstanceInfo info, int64_t now_ms) {
   auto it = instances_.find(info.node);
   if (it != instances_.end()) {
     const InstanceInfo& old = it->second;
-    if (old.transfer_host != info.transfer_host || old.transfer_port != info.transfer_port || old.role != info.role)
-      return "node id " + std::to_string(info.node) + " is already registered by another instance (" +
-             old.transfer_host + ":" + std::to_string(old.transfer_port) + ")";
+    // A restart comes back in a newer epoch, possibly on other ports: it
+    // replaces the old incarnation. The same epoch elsewhere is a clash.
     if (info.epoch < old.epoch)
       return "epoch " + std::to_string(info.epoch) + " is older than the registered " + std::to_string(old.epoch);
+    if (info.role != old.role)
+      return "node id " + std::to_string(info.node) + " is registered as a " + std::string(pd::name(old.role));
+    if (info.epoch == old.epoch &&
+        (old.transfer_host != info.transfer_host || old.transfer_port != info.transfer_port))
+      return "node id " + std::to_string(info.node) + " is already registered by another instance (" +
+             old.transfer_host + ":" + std::to_string(old.transfer_port) + ")";
     info.in_flight = info.epoch == old.epoch ? old.in_flight : 0;
     info.requests = old.requests;
   }

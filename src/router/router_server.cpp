@@ -343,6 +343,9 @@ void RouterServer::install_routes() {
       if (!sent && up->status == 0) {
         up->status = -1;
         up->error = httplib::to_string(err);
+      } else if (!sent && !up->cancel) {
+        // The decode went away mid-response (crashed, cut off).
+        up->error = "the decode instance (node " + std::to_string(d.node) + ") failed mid-response: " + httplib::to_string(err);
       }
       up->ended = true;
       up->cv.notify_all();
@@ -375,7 +378,7 @@ void RouterServer::install_routes() {
     auto prefill_info = *prefill;
     res.set_chunked_content_provider(
         up->content_type.empty() ? "application/json" : up->content_type,
-        [up](size_t, httplib::DataSink& sink) {
+        [up, stream = body.value("stream", false)](size_t, httplib::DataSink& sink) {
           for (;;) {
             std::string chunk;
             bool ended = false;
@@ -391,6 +394,13 @@ void RouterServer::install_routes() {
             }
             if (!chunk.empty() && !sink.write(chunk.data(), chunk.size())) return false;
             if (ended) {
+              if (!up->error.empty()) {
+                // Never a silent truncation: the client gets the error.
+                const ApiError e = upstream_error(up->error);
+                std::string tail = stream ? server::sse_event(e.to_json()) + std::string(server::kSseDone)
+                                          : server::dump_body(e.to_json());
+                sink.write(tail.data(), tail.size());
+              }
               sink.done();
               return true;
             }

@@ -156,6 +156,10 @@ void HttpServer::set_pd_hook(PdHook hook) {
     pd_hook_.cancel(j["transfer_id"].get<uint64_t>());
     send_json(res, 200, {{"status", "aborting"}});
   });
+  http_->Get("/debug/transfers", [this](const httplib::Request&, httplib::Response& res) {
+    if (!pd_hook_.debug_transfers) return send_json(res, 404, {{"error", "not a P/D instance"}});
+    res.set_content(pd_hook_.debug_transfers(), "application/json");
+  });
 }
 
 void HttpServer::install_routes() {

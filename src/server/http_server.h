@@ -60,6 +60,8 @@ struct PdHook {
   std::function<void(uint64_t transfer)> cancel;
   // Checks the router's signature on /internal/pd/abort.
   std::function<bool(const std::string& body, const std::string& signature)> verify;
+  // GET /debug/transfers: the transfer agent's state as JSON text.
+  std::function<std::string()> debug_transfers;
 };
 
 class HttpServer {
