@@ -260,7 +260,7 @@ TEST_P(PdCluster, OneByOneThroughTheRouterEqualsOneInstance) {
   }
   // Streamed chat, and parallel sampling with a seed (n = 2 of best_of = 3).
   json chat = {{"messages", {{{"role", "user"}, {"content", "Tell me a story"}}}}, {"max_tokens", 10},
-               {"temperature", 0}};
+               {"temperature", 0}, {"stream_options", {{"include_usage", true}}}};
   EXPECT_EQ(stream_text(c.port, "/v1/chat/completions", chat), stream_text(single.port, "/v1/chat/completions", chat));
   json sampled = completion("Seeded siblings", 8);
   sampled["temperature"] = 0.8;

@@ -470,3 +470,140 @@ TEST(PdProtocol, RouterEndsEachRequestOnce) {
 
 }  // namespace
 }  // namespace tandem::pd
+
+namespace tandem::pd {
+namespace {
+
+// Runs the decode side's timers every `step_ms` up to `until_ms`, with the
+// prefill heartbeating (alive), and returns everything it produced.
+Outputs run_decode_until(DecodeSide& decode, TimeMs from_ms, TimeMs until_ms, TimeMs step_ms) {
+  Outputs all, out;
+  for (TimeMs t = from_ms; t <= until_ms; t += step_ms) {
+    decode.on_message(heartbeat(kPrefill, kDecode, Role::kPrefill), t, &out);
+    decode.on_timer(t, &out);
+    all.messages.insert(all.messages.end(), out.messages.begin(), out.messages.end());
+    all.effects.insert(all.effects.end(), out.effects.begin(), out.effects.end());
+    out.clear();
+  }
+  return all;
+}
+
+// The request deadline (audit: never reached by the simulated runs): an
+// admission that never completes ends at the Start's budget, not before and
+// not never, with the allocation cancelled and the router told why.
+TEST(PdProtocolLongRuns, TheRequestDeadlineEndsAWaitThatNeverCompletes) {
+  ProtocolConfig config;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  Message s = start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1);
+  s.budget_ms = 900'000;
+  decode.on_message(s, 0, &out);
+  Outputs before = run_decode_until(decode, 1'000, 899'000, 1'000);
+  EXPECT_EQ(decode.find(kTransfer)->state, DecodeState::kAdmitting);
+  EXPECT_EQ(find_effect(before, EffectKind::kCancel), nullptr);
+  Outputs at = run_decode_until(decode, 900'000, 901'000, 1'000);
+  EXPECT_EQ(decode.find(kTransfer)->end_reason, EndReason::kDeadline);
+  EXPECT_EQ(decode.find(kTransfer)->state, DecodeState::kEnded);
+  EXPECT_NE(find_effect(at, EffectKind::kCancel), nullptr);
+  const Message* outcome = find_message(at, MessageKind::kOutcome);
+  ASSERT_NE(outcome, nullptr);
+  EXPECT_EQ(outcome->reason, EndReason::kDeadline);
+}
+
+// The retransmit limit (audit: never reached): a peer that heartbeats but
+// never acknowledges the addresses ends the transfer after max_retransmits
+// sends, with the blocks freed only once the peer is treated as dead.
+TEST(PdProtocolLongRuns, TheRetransmitLimitEndsAnUnacknowledgedTransfer) {
+  ProtocolConfig config;
+  config.max_retransmits = 20;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(3, 0), kNoSlot, 0, 10, &out);
+  out.clear();
+  Outputs all = run_decode_until(decode, 100, 60'000, 100);
+  EXPECT_EQ(count_messages(all, MessageKind::kRemoteBlocks), config.max_retransmits - 1);  // the first went at 10 ms
+  const DecodeTransfer* t = decode.find(kTransfer);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->end_reason, EndReason::kRetransmitLimit);
+  EXPECT_GE(decode.stats().retransmit_exhausted, 1);  // then its Release and the unanswered Outcome too
+  // It told the live prefill to stop, waited (quarantine) for it, then, with
+  // its Release unanswered for max_retransmits too, treated it as dead.
+  EXPECT_EQ(t->state, DecodeState::kEnded);
+  EXPECT_TRUE(t->peer_dead);
+  ASSERT_NE(find_effect(all, EffectKind::kFree), nullptr);
+  EXPECT_EQ(decode.blocks_held(), 0);
+}
+
+// A local cancel (the client left the decode instance) goes through the one
+// release path: siblings stop, the prefill is released, blocks wait in
+// quarantine for the prefill's answer, nothing is reported as a failure.
+TEST(PdProtocolInputs, ALocalCancelEndsTheTransferThroughTheReleasePath) {
+  ProtocolConfig config;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 2), 0, &out);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(3, 0), kNoSlot, 0, 10, &out);
+  out.clear();
+  decode.cancel(kTransfer, EndReason::kClientAbort, 20, &out);
+  EXPECT_EQ(decode.find(kTransfer)->state, DecodeState::kQuarantined);
+  EXPECT_EQ(count_messages(out, MessageKind::kRelease), 1);
+  EXPECT_EQ(count_messages(out, MessageKind::kOutcome), 0);
+  EXPECT_EQ(find_effect(out, EffectKind::kFree), nullptr);
+  decode.on_message(peer_message(MessageKind::kRelease, kPrefill, kDecode), 30, &out);
+  EXPECT_NE(find_effect(out, EffectKind::kFree), nullptr);
+  EXPECT_EQ(decode.blocks_held(), 0);
+  // Idempotent.
+  out.clear();
+  decode.cancel(kTransfer, EndReason::kClientAbort, 40, &out);
+  EXPECT_TRUE(out.effects.empty());
+}
+
+// The engine failing a request mid-decode ends it with kEngineFailed: the
+// siblings stop, the blocks are freed, the router hears the reason.
+TEST(PdProtocolInputs, AnEngineFailureAfterDecodingStartedEndsTheTransfer) {
+  ProtocolConfig config;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 2), 0, &out);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(3, 0), kNoSlot, 0, 10, &out);
+  decode.on_message(peer_message(MessageKind::kWriteDone, kPrefill, kDecode), 20, &out);
+  ASSERT_EQ(decode.find(kTransfer)->state, DecodeState::kDecoding);
+  out.clear();
+  decode.on_engine_failed(kTransfer, 30, &out);
+  EXPECT_EQ(decode.find(kTransfer)->end_reason, EndReason::kEngineFailed);
+  const Effect* stop = find_effect(out, EffectKind::kStopSiblings);
+  ASSERT_NE(stop, nullptr);
+  EXPECT_EQ(stop->siblings.size(), 2u);
+  EXPECT_NE(find_effect(out, EffectKind::kFree), nullptr);
+  const Message* outcome = find_message(out, MessageKind::kOutcome);
+  ASSERT_NE(outcome, nullptr);
+  EXPECT_EQ(outcome->reason, EndReason::kEngineFailed);
+  EXPECT_EQ(decode.check_sibling_maps(), "");
+}
+
+// A draining instance refuses every new Start (the router hears kDraining,
+// the peer a Release) and lets the live transfers finish.
+TEST(PdProtocolInputs, ADrainingInstanceRefusesNewTransfersAndFinishesOld) {
+  ProtocolConfig config;
+  PrefillSide prefill(kPrefill, 1, 64, config);
+  Outputs out;
+  prefill.on_message(start(MessageKind::kStartPrefill, TransferMode::kWrite, 40, 1), 0, &out);
+  prefill.begin_drain();
+  out.clear();
+  Message late = start(MessageKind::kStartPrefill, TransferMode::kWrite, 40, 1);
+  late.transfer = kTransfer + 1;
+  prefill.on_message(late, 10, &out);
+  EXPECT_EQ(find_effect(out, EffectKind::kComputePrefill), nullptr);
+  EXPECT_EQ(prefill.find(kTransfer + 1)->state, PrefillState::kEnded);
+  const Message* outcome = find_message(out, MessageKind::kOutcome);
+  ASSERT_NE(outcome, nullptr);
+  EXPECT_EQ(outcome->reason, EndReason::kDraining);
+  EXPECT_EQ(count_messages(out, MessageKind::kRelease), 1);
+  // The transfer from before the drain goes on to completion.
+  prefill.on_prefill_computed(kTransfer, iota_blocks(3, 0), kNoSlot, 20, &out);
+  EXPECT_EQ(prefill.find(kTransfer)->state, PrefillState::kAwaitingAddresses);
+}
+
+}  // namespace
+}  // namespace tandem::pd

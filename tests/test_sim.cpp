@@ -87,12 +87,13 @@ TEST(Sim, SameSeedSameTrace) {
   }
 }
 
-// Each mutation is caught within `bound` seeds of the mixed-mode 2P2D sweep
-// (seeds are deterministic, so the first catching seed is a fixed number:
-// measured 13, 1, 1, 340 and 8).
+// Each mutation is caught within `bound` seeds of the mixed-mode 2P2D sweep,
+// by the invariant that names its bug (seeds are deterministic, so the first
+// catching seed is a fixed number).
 struct MutationCase {
   pd::Mutation mutation;
   int64_t bound;
+  Invariant caught_by;
 };
 
 void PrintTo(const MutationCase& c, std::ostream* os) { *os << pd::name(c.mutation); }
@@ -104,6 +105,8 @@ TEST_P(SimMutation, IsCaughtWithinBound) {
   o.mutation = GetParam().mutation;
   SeedRangeResult r = run_seeds(1, GetParam().bound, o, false);
   ASSERT_TRUE(r.has_failure) << pd::name(o.mutation) << " survived " << r.seeds_run << " seeds";
+  ASSERT_FALSE(r.first_failure.broken.empty());
+  EXPECT_EQ(name(r.first_failure.broken.front()), name(GetParam().caught_by)) << r.first_failure.violations.front();
   std::printf("mutation %s caught by seed %llu: %s\n", std::string(pd::name(o.mutation)).c_str(),
               static_cast<unsigned long long>(r.first_failure.seed),
               r.first_failure.violations.front().c_str());
@@ -111,11 +114,12 @@ TEST_P(SimMutation, IsCaughtWithinBound) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllMutations, SimMutation,
-    testing::Values(MutationCase{pd::Mutation::kFixedDeferExpiry, 50},
-                    MutationCase{pd::Mutation::kOneToOneSiblingMap, 5},
-                    MutationCase{pd::Mutation::kReleaseWithLocalId, 5},
-                    MutationCase{pd::Mutation::kFreeQuarantineOnTimeout, 1000},
-                    MutationCase{pd::Mutation::kSilentWritePostFailure, 50}),
+    testing::Values(MutationCase{pd::Mutation::kFixedDeferExpiry, 50, Invariant::kUnexplainedFailure},
+                    MutationCase{pd::Mutation::kOneToOneSiblingMap, 5, Invariant::kSiblingMap},
+                    MutationCase{pd::Mutation::kReleaseWithLocalId, 5, Invariant::kLeak},
+                    MutationCase{pd::Mutation::kFreeQuarantineOnTimeout, 1000, Invariant::kPoolOwnership},
+                    MutationCase{pd::Mutation::kSilentWritePostFailure, 50, Invariant::kHang},
+                    MutationCase{pd::Mutation::kEndKeepsSiblings, 200, Invariant::kEndedStillRunning}),
     [](const testing::TestParamInfo<MutationCase>& info) {
       std::string n(pd::name(info.param.mutation));
       for (char& c : n)

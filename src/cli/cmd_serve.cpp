@@ -93,6 +93,7 @@ void run_serve(ServeArgs& a) {
     sigwait(&signals, &sig);
     std::fprintf(stderr, "tandem: signal %d: draining (up to %d s)\n", sig, a.shutdown_timeout_s);
     http.begin_drain();
+    if (pd_instance) pd_instance->begin_drain();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.shutdown_timeout_s);
     while (http.in_flight() > 0 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

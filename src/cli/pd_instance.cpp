@@ -149,6 +149,7 @@ PdInstance::PdInstance(EngineCore& engine, const gguf::File& file, server::HttpS
     return std::nullopt;
   };
   hook.cancel = [this](uint64_t transfer) { agent_->cancel(transfer); };
+  hook.router_abort = [this](uint64_t transfer) { agent_->abort_from_router(transfer); };
   hook.verify = [this](const std::string& body, const std::string& signature) {
     return router::verify(options_.secret, body, signature);
   };
@@ -264,7 +265,8 @@ void PdInstance::heartbeat_loop() {
     json body = {{"node", options_.node},
                  {"epoch", epoch_},
                  {"free_blocks", engine_.n_kv_blocks() - m.kv_blocks_used.load()},
-                 {"waiting", m.waiting.load() + m.waiting_remote_kv.load()}};
+                 {"waiting", m.waiting.load() + m.waiting_remote_kv.load()},
+                 {"draining", draining_.load()}};
     std::string text = body.dump();
     auto r = cli.Post("/internal/heartbeat", {{router::kSignatureHeader, router::sign(options_.secret, text)}}, text,
                       "application/json");
@@ -287,6 +289,11 @@ void PdInstance::heartbeat_loop() {
     for (int i = 0; i < options_.heartbeat_ms / 50 && running_; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+void PdInstance::begin_drain() {
+  draining_ = true;
+  agent_->begin_drain();
 }
 
 void PdInstance::leave() {

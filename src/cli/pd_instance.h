@@ -48,6 +48,8 @@ class PdInstance {
   // heartbeating. `api_host`/`api_port`: where the router reaches our HTTP API.
   void join(const std::string& api_host, int api_port);
   void leave();
+  // Shutdown: the agent refuses new transfers and the router stops picking us.
+  void begin_drain();
 
  private:
   void heartbeat_loop();
@@ -65,6 +67,7 @@ class PdInstance {
   std::unique_ptr<instance::TransferAgent> agent_;
   transport::FaultyTransport* faults_ = nullptr;
   std::atomic<bool> running_{false};
+  std::atomic<bool> draining_{false};
   std::thread heartbeat_;
 };
 

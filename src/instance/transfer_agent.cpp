@@ -99,6 +99,19 @@ void TransferAgent::submit(PdRequest request) {
 
 void TransferAgent::cancel(pd::TransferId transfer) {
   post([this, transfer] {
+    run([&](pd::Outputs* out) {
+      if (prefill_) prefill_->cancel(transfer, pd::EndReason::kClientAbort, monotonic_ms(), out);
+      else decode_->cancel(transfer, pd::EndReason::kClientAbort, monotonic_ms(), out);
+    });
+  });
+}
+
+void TransferAgent::begin_drain() {
+  post([this] { core().begin_drain(); });
+}
+
+void TransferAgent::abort_from_router(pd::TransferId transfer) {
+  post([this, transfer] {
     // The router's Abort, as the core knows it: it names the peer, so a
     // transfer this side never started still releases the peer.
     auto it = requests_.find(transfer);
@@ -292,10 +305,11 @@ void TransferAgent::on_engine_output(pd::TransferId transfer, RequestOutput&& ou
   }
   bool allocation_failed = out.kv_event == KvEvent::kAllocationFailed;
   bool finished = out.finished;
+  bool failed = !out.error.empty();
   std::vector<int32_t> finished_indexes;
   for (const SequenceDelta& d : out.sequences)
     if (d.finish != FinishReason::kNone) finished_indexes.push_back(d.index);
-  post([this, transfer, allocation_failed, finished, finished_indexes, out = std::move(out)]() mutable {
+  post([this, transfer, allocation_failed, finished, failed, finished_indexes, out = std::move(out)]() mutable {
     if (prefill_) return;  // a prefill request's only output is its KV
     auto r = requests_.find(transfer);
     if (r != requests_.end() && r->second.sink) r->second.sink(std::move(out));
@@ -303,6 +317,12 @@ void TransferAgent::on_engine_output(pd::TransferId transfer, RequestOutput&& ou
       return run([&](pd::Outputs* o) { decode_->on_allocation_failed(transfer, monotonic_ms(), o); });
     auto s = siblings_.find(transfer);
     if (s == siblings_.end()) return;
+    if (failed) {
+      // The engine failed it after its siblings started (or the agent failed
+      // it; then the transfer is ending already and this is a no-op).
+      siblings_.erase(s);
+      return run([&](pd::Outputs* o) { decode_->on_engine_failed(transfer, monotonic_ms(), o); });
+    }
     std::vector<pd::SiblingId> done;
     for (int32_t i : finished_indexes)
       if (i >= 0 && static_cast<size_t>(i) < s->second.size()) done.push_back(s->second[static_cast<size_t>(i)]);

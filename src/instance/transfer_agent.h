@@ -90,6 +90,12 @@ class TransferAgent {
   void submit(PdRequest request);
   // Thread-safe. The client went away: the transfer ends (idempotent).
   void cancel(pd::TransferId transfer);
+  // Thread-safe. The router's Abort (the other leg failed, or the client left
+  // the router): it names the peer, so even a transfer this side has not
+  // started yet releases the peer.
+  void abort_from_router(pd::TransferId transfer);
+  // Thread-safe. Refuse new transfers from now on (shutdown); live ones go on.
+  void begin_drain();
   uint16_t listen_port() const { return listen_port_; }
 
   // A snapshot taken on the agent thread (bounded wait; nullopt if it does not answer).

@@ -104,6 +104,11 @@ void DecodeSide::on_start(const Message& m, TimeMs now_ms, Outputs* out) {
   t.deadline_ms = now_ms + m.budget_ms;
   set_state(t, DecodeState::kAdmitting, now_ms);
   for (int32_t i = 0; i < m.n_siblings; ++i) add_sibling(t.id, next_sibling_++);
+  if (draining_) {
+    t.allocated = true;  // nothing to cancel: no allocation was asked for
+    end_transfer(t, EndReason::kDraining, now_ms, out);
+    return;
+  }
   std::vector<PeerDeath> deaths;
   bool peer_alive = leases_.expect(t.peer, t.peer_epoch, now_ms, &deaths);
   declare_deaths(deaths, now_ms, out);
@@ -151,6 +156,16 @@ void DecodeSide::on_blocks_allocated(TransferId transfer, std::vector<BlockId> b
     set_state(t, DecodeState::kAwaitingAddresses, now_ms);
   }
   schedule_next(t);
+  finish(now_ms, out);
+}
+
+void DecodeSide::on_engine_failed(TransferId transfer, TimeMs now_ms, Outputs* out) {
+  cancel(transfer, EndReason::kEngineFailed, now_ms, out);
+}
+
+void DecodeSide::cancel(TransferId transfer, EndReason reason, TimeMs now_ms, Outputs* out) {
+  auto it = transfers_.find(transfer);
+  if (it != transfers_.end() && !it->second.ending) end_transfer(it->second, reason, now_ms, out);
   finish(now_ms, out);
 }
 
@@ -311,7 +326,7 @@ void DecodeSide::end_transfer(DecodeTransfer& t, EndReason reason, TimeMs now_ms
   }
   auto list = siblings_by_transfer_.find(t.id);
   if (list != siblings_by_transfer_.end()) {
-    if (t.siblings_started) {
+    if (t.siblings_started && config_.mutation != Mutation::kEndKeepsSiblings) {
       Effect stop;
       stop.kind = EffectKind::kStopSiblings;
       stop.transfer = t.id;

@@ -36,6 +36,11 @@ class DecodeSide : public NodeCore {
   void on_allocation_failed(TransferId transfer, TimeMs now_ms, Outputs* out);
   void on_read_done(TransferId transfer, RmaResult result, TimeMs now_ms, Outputs* out);
   void on_sibling_finished(SiblingId sibling, TimeMs now_ms, Outputs* out);
+  // The engine failed the request after its siblings started (a forward
+  // error, an out-of-memory): the transfer ends with kEngineFailed.
+  void on_engine_failed(TransferId transfer, TimeMs now_ms, Outputs* out);
+  // A local end (the client went away, shutdown): the one release path.
+  void cancel(TransferId transfer, EndReason reason, TimeMs now_ms, Outputs* out);
 
   // Inspection.
   const DecodeTransfer* find(TransferId transfer) const { return find_transfer(transfers_, transfer); }

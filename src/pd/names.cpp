@@ -39,7 +39,8 @@ std::string_view name(EndReason v) {
   return lookup(std::array<std::string_view, kEndReasonCount>{
                     "completed", "client_abort", "router_abort", "peer_released", "peer_dead",
                     "deadline", "prefill_failed", "allocation_failed", "write_post_failed",
-                    "rma_failed", "retransmit_limit", "capacity", "overloaded", "defer_expired"},
+                    "rma_failed", "retransmit_limit", "capacity", "overloaded", "engine_failed",
+                    "draining", "defer_expired"},
                 v);
 }
 std::string_view name(DropReason v) {
@@ -52,7 +53,7 @@ std::string_view name(Mutation v) {
   return lookup(std::array<std::string_view, kMutationCount>{
                     "none", "fixed-defer-expiry", "one-to-one-sibling-map",
                     "release-with-local-id", "free-quarantine-on-timeout",
-                    "silent-write-post-failure"},
+                    "silent-write-post-failure", "end-keeps-siblings"},
                 v);
 }
 bool parse_mutation(std::string_view text, Mutation* out) {

@@ -157,6 +157,10 @@ class NodeCore {
   void set_heartbeat_targets(std::vector<NodeId> nodes) { heartbeat_targets_ = std::move(nodes); }
 
   void start(TimeMs now_ms, Outputs* out);
+  // The instance is going away: every Start from now on is refused (the
+  // router hears kDraining, the peer a Release); live transfers go on.
+  void begin_drain() { draining_ = true; }
+  bool draining() const { return draining_; }
   void on_message(const Message& message, TimeMs now_ms, Outputs* out);
   void on_timer(TimeMs now_ms, Outputs* out);
 
@@ -236,6 +240,7 @@ class NodeCore {
   PeerLeases leases_;
   NodeStats stats_;
   std::vector<NodeId> heartbeat_targets_;
+  bool draining_ = false;
 
  private:
   TimeMs next_heartbeat_ms_ = 0;

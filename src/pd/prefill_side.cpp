@@ -66,6 +66,11 @@ void PrefillSide::on_start(const Message& m, TimeMs now_ms, Outputs* out) {
   t.created_ms = now_ms;
   t.deadline_ms = now_ms + m.budget_ms;
   set_state(t, PrefillState::kPrefilling, now_ms);
+  if (draining_) {
+    t.computed = true;  // nothing to cancel: no compute was asked for
+    end_transfer(t, EndReason::kDraining, now_ms, out);
+    return;
+  }
   std::vector<PeerDeath> deaths;
   bool peer_alive = leases_.expect(t.peer, t.peer_epoch, now_ms, &deaths);
   declare_deaths(deaths, now_ms, out);
@@ -117,6 +122,12 @@ void PrefillSide::on_prefill_computed(TransferId transfer, std::vector<BlockId> 
     set_state(t, PrefillState::kExposed, now_ms);
   }
   schedule_next(t);
+  finish(now_ms, out);
+}
+
+void PrefillSide::cancel(TransferId transfer, EndReason reason, TimeMs now_ms, Outputs* out) {
+  auto it = transfers_.find(transfer);
+  if (it != transfers_.end() && !it->second.ending) end_transfer(it->second, reason, now_ms, out);
   finish(now_ms, out);
 }
 

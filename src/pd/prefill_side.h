@@ -34,6 +34,9 @@ class PrefillSide : public NodeCore {
                            TimeMs now_ms, Outputs* out);
   void on_prefill_failed(TransferId transfer, TimeMs now_ms, Outputs* out);
   void on_write_done(TransferId transfer, RmaResult result, TimeMs now_ms, Outputs* out);
+  // A local end (the instance gives up on the transfer: shutdown, a local
+  // error): the one release path with `reason`. Unknown or ending: no-op.
+  void cancel(TransferId transfer, EndReason reason, TimeMs now_ms, Outputs* out);
 
   // Inspection (metrics, debug endpoint, simulator invariants).
   const PrefillTransfer* find(TransferId transfer) const { return find_transfer(transfers_, transfer); }

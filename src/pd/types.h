@@ -63,9 +63,11 @@ enum class EndReason : uint8_t {
   kRetransmitLimit,   // a message was never acknowledged by a live peer
   kCapacity,          // the request can never fit the instances' pools
   kOverloaded,        // the router's queue is full
+  kEngineFailed,      // the engine failed the request after it started (decode: mid-decode)
+  kDraining,          // the instance is draining: it takes no new transfer
   kDeferExpired,      // mutation 1 only: the fixed deferred-write expiry
 };
-constexpr int kEndReasonCount = 14;
+constexpr int kEndReasonCount = 16;
 
 // Messages dropped without effect, by reason.
 // kUnexpected: a kind (or a kind for the other transfer mode) this side never receives,
@@ -97,8 +99,9 @@ enum class Mutation : uint8_t {
   kReleaseWithLocalId,     // (3) the decode's Release carries its local sibling id
   kFreeQuarantineOnTimeout,// (4) quarantined blocks freed after a timeout while the peer lives
   kSilentWritePostFailure, // (5) a write that cannot be posted ends without any message
+  kEndKeepsSiblings,       // (6) an ended transfer's siblings are not stopped (they decode on)
 };
-constexpr int kMutationCount = 6;
+constexpr int kMutationCount = 7;
 std::string_view name(Mutation mutation);
 // Accepts the names printed by name(); returns false for an unknown name.
 bool parse_mutation(std::string_view text, Mutation* out);

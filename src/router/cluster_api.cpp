@@ -71,6 +71,7 @@ json to_json(const InstanceInfo& i) {
           {"capacity_blocks", i.capacity_blocks},
           {"free_blocks", i.free_blocks},
           {"waiting", i.waiting},
+          {"draining", i.draining},
           {"in_flight", i.in_flight},
           {"requests", i.requests}};
 }

@@ -45,12 +45,14 @@ std::optional<std::string> Registry::add(InstanceInfo info, int64_t now_ms) {
   return std::nullopt;
 }
 
-bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, int64_t free_blocks, int64_t waiting, int64_t now_ms) {
+bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, int64_t free_blocks, int64_t waiting, bool draining,
+                         int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = instances_.find(node);
   if (it == instances_.end() || it->second.epoch != epoch) return false;
   it->second.free_blocks = free_blocks;
   it->second.waiting = waiting;
+  it->second.draining = draining;
   it->second.last_heard_ms = now_ms;
   return true;
 }
@@ -76,7 +78,7 @@ std::optional<InstanceInfo> Registry::pick(pd::Role role, const std::vector<pd::
   InstanceInfo* best = nullptr;
   auto load = [](const InstanceInfo& i) { return std::make_tuple(i.in_flight, i.waiting, -i.free_blocks, i.node); };
   for (auto& [node, info] : instances_) {
-    if (info.role != role || std::find(avoid.begin(), avoid.end(), node) != avoid.end()) continue;
+    if (info.role != role || info.draining || std::find(avoid.begin(), avoid.end(), node) != avoid.end()) continue;
     if (best == nullptr || load(info) < load(*best)) best = &info;
   }
   if (best == nullptr) return std::nullopt;

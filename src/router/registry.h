@@ -30,6 +30,7 @@ struct InstanceInfo {
   // From heartbeats.
   int64_t free_blocks = 0;
   int64_t waiting = 0;
+  bool draining = false;  // shutting down: not picked for new requests
   int64_t last_heard_ms = 0;
   int64_t registered_ms = 0;
   // Router side.
@@ -47,7 +48,8 @@ class Registry {
   std::optional<std::string> add(InstanceInfo info, int64_t now_ms);
   // False when the node is unknown or the epoch is not the registered one
   // (the instance must register again).
-  bool heartbeat(pd::NodeId node, pd::Epoch epoch, int64_t free_blocks, int64_t waiting, int64_t now_ms);
+  bool heartbeat(pd::NodeId node, pd::Epoch epoch, int64_t free_blocks, int64_t waiting, bool draining,
+                 int64_t now_ms);
   // Drops instances silent for eviction_ms; returns how many.
   int evict_silent(int64_t now_ms);
   // The live instance of `role` with the fewest requests in flight here (then

@@ -160,7 +160,7 @@ void RouterServer::install_routes() {
     if (!j) return;
     bool known = j->is_object() &&
                  registry_.heartbeat(j->value("node", 0u), j->value("epoch", 0u), j->value("free_blocks", int64_t{0}),
-                                     j->value("waiting", int64_t{0}), monotonic_ms());
+                                     j->value("waiting", int64_t{0}), j->value("draining", false), monotonic_ms());
     if (!known) return send_json(res, 404, {{"error", "unknown node or epoch: register again"}});
     json list = json::array();
     for (const InstanceInfo& i : registry_.list()) list.push_back(to_json(i));
@@ -281,7 +281,9 @@ void RouterServer::install_routes() {
     kp.peer_transfer_port = decode->transfer_port;
     json prefill_body = body;
     prefill_body["kv_transfer_params"] = to_json(kp);
+    // The prefill's answer is an acceptance, never a stream.
     prefill_body["stream"] = false;
+    prefill_body.erase("stream_options");
     {
       httplib::Client cli(prefill->api_host, prefill->api_port);
       cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);

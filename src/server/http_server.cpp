@@ -153,7 +153,7 @@ void HttpServer::set_pd_hook(PdHook hook) {
     json j = json::parse(req.body, nullptr, false);
     if (!j.is_object() || !j.contains("transfer_id") || !j["transfer_id"].is_number_unsigned())
       return send_json(res, 400, {{"error", "transfer_id missing"}});
-    pd_hook_.cancel(j["transfer_id"].get<uint64_t>());
+    pd_hook_.router_abort(j["transfer_id"].get<uint64_t>());
     send_json(res, 200, {{"status", "aborting"}});
   });
   http_->Get("/debug/transfers", [this](const httplib::Request&, httplib::Response& res) {

@@ -57,7 +57,8 @@ struct PdHook {
   std::function<std::optional<std::string>(const std::string& kv_transfer_params_json, std::vector<int32_t> prompt,
                                            const SamplingParams& params, OutputSink sink, uint64_t* transfer)>
       submit;
-  std::function<void(uint64_t transfer)> cancel;
+  std::function<void(uint64_t transfer)> cancel;        // the client went away
+  std::function<void(uint64_t transfer)> router_abort;  // POST /internal/pd/abort
   // Checks the router's signature on /internal/pd/abort.
   std::function<bool(const std::string& body, const std::string& signature)> verify;
   // GET /debug/transfers: the transfer agent's state as JSON text.

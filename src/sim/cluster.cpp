@@ -150,7 +150,7 @@ class Cluster {
   void on_rma_done(uint64_t op_id);
   void on_request_end(const RequestEnd& end);
   // Checks.
-  void violation(std::string what);
+  void violation(Invariant invariant, std::string what);
   void check_node(const SimNode& node);
   bool settled() const;
   void final_checks();
@@ -290,12 +290,12 @@ void Cluster::check_announced(const SimNode& node, const Message& m) {
   if (m.kind == MessageKind::kRemoteBlocks || m.kind == MessageKind::kKvAddresses) {
     for (BlockId b : m.blocks)
       if (!node.blocks.valid(b) || !node.blocks.exposed_to(b, m.to, m.transfer))
-        violation(t + ": n" + std::to_string(node.id) + " sent " + std::string(pd::name(m.kind)) + " naming block " +
+        violation(Invariant::kAnnounced, t + ": n" + std::to_string(node.id) + " sent " + std::string(pd::name(m.kind)) + " naming block " +
                   std::to_string(b) + " before exposing it to n" + std::to_string(m.to));
   } else if (m.kind == MessageKind::kWriteDone) {
     for (const auto& [id, op] : ops_)
       if (op.write && op.initiator == node.id && op.transfer == m.transfer)
-        violation(t + ": n" + std::to_string(node.id) + " sent WriteDone while its write is still in flight");
+        violation(Invariant::kAnnounced, t + ": n" + std::to_string(node.id) + " sent WriteDone while its write is still in flight");
   }
 }
 
@@ -331,7 +331,7 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
         if (node.pe.computing == e.transfer) {
           std::string problem = node.blocks.free(node.pe.blocks, e.transfer);
           if (node.pe.slot != kNoSlot) problem += node.slots.free({node.pe.slot}, e.transfer);
-          if (!problem.empty()) violation(problem);
+          if (!problem.empty()) violation(Invariant::kPoolOwnership, problem);
           node.pe.computing = 0;
           node.pe.blocks.clear();
           node.pe.slot = kNoSlot;
@@ -396,7 +396,7 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
         std::string slot_problem = node.slots.free({e.local_slot}, e.transfer);
         if (!slot_problem.empty()) problem = "state slot: " + slot_problem;
       }
-      if (!problem.empty()) violation("n" + std::to_string(node.id) + ": " + problem);
+      if (!problem.empty()) violation(Invariant::kPoolOwnership, "n" + std::to_string(node.id) + ": " + problem);
       break;
     }
     case EffectKind::kStartSiblings: {
@@ -405,7 +405,7 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
       ClientRequest& r = requests_[it->second];
       r.kv_arrived_ms = now_;
       if (static_cast<int32_t>(e.siblings.size()) != r.work.spec.n_siblings)
-        violation(pd::transfer_name(e.transfer) + " forked " + std::to_string(e.siblings.size()) +
+        violation(Invariant::kFork, pd::transfer_name(e.transfer) + " forked " + std::to_string(e.siblings.size()) +
                   " of its " + std::to_string(r.work.spec.n_siblings) + " siblings");
       if (e.siblings.size() > 1) count("path.sibling_fanout");
       // The KV of the first N-1 tokens, and the state after them, must be this
@@ -413,7 +413,7 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
       int32_t moved = moved_blocks(e.prompt_tokens, s_.protocol.block_size_tokens);
       for (int32_t i = 0; i < moved; ++i) {
         if (node.blocks.tag(e.local_blocks[i]) != block_tag(e.transfer, i)) {
-          violation(pd::transfer_name(e.transfer) + " decodes from block " + std::to_string(i) +
+          violation(Invariant::kKvIntegrity, pd::transfer_name(e.transfer) + " decodes from block " + std::to_string(i) +
                     " that does not hold its KV");
           break;
         }
@@ -421,9 +421,9 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
       if (e.local_slot != kNoSlot) {
         uint64_t tag = node.slots.tag(e.local_slot);
         if (tag == state_tag(e.transfer, e.prompt_tokens))
-          violation(pd::transfer_name(e.transfer) + ": recurrent state advanced twice");
+          violation(Invariant::kKvIntegrity, pd::transfer_name(e.transfer) + ": recurrent state advanced twice");
         else if (tag != state_tag(e.transfer, e.prompt_tokens - 1))
-          violation(pd::transfer_name(e.transfer) + ": recurrent state is not the state after N-1 tokens");
+          violation(Invariant::kKvIntegrity, pd::transfer_name(e.transfer) + ": recurrent state is not the state after N-1 tokens");
         node.slots.set_tag(e.local_slot, state_tag(e.transfer, e.prompt_tokens));
       }
       for (SiblingId sibling : e.siblings) {
@@ -443,7 +443,7 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
       // "completed" with siblings still running completed too early.
       const DecodeTransfer* d = node.decode->find(e.transfer);
       if (d != nullptr && d->end_reason == EndReason::kCompleted)
-        violation(pd::transfer_name(e.transfer) + " completed with " +
+        violation(Invariant::kCompletedEarly, pd::transfer_name(e.transfer) + " completed with " +
                   std::to_string(e.siblings.size()) + " siblings still running");
       for (SiblingId sibling : e.siblings) node.de.running.erase(sibling);
       break;
@@ -510,7 +510,7 @@ void Cluster::on_request_end(const RequestEnd& end) {
   ClientRequest& r = requests_[it->second];
   ++r.terminal_count;
   if (r.terminal_count > 1) {
-    violation(pd::transfer_name(end.transfer) + " reached a second terminal state");
+    violation(Invariant::kTerminalOnce, pd::transfer_name(end.transfer) + " reached a second terminal state");
     return;
   }
   ++terminal_;
@@ -529,7 +529,7 @@ void Cluster::on_request_end(const RequestEnd& end) {
   } else {
     ++result_.requests_failed;
     if (!excused(r))
-      violation(pd::transfer_name(end.transfer) + " failed (" + std::string(name(end.reason)) +
+      violation(Invariant::kUnexplainedFailure, pd::transfer_name(end.transfer) + " failed (" + std::string(name(end.reason)) +
                 ") with no fault to explain it" + (r.slow_admission ? " (slow admission)" : ""));
   }
 }
@@ -578,9 +578,12 @@ bool Cluster::excused(const ClientRequest& r) const {
   return false;
 }
 
-void Cluster::violation(std::string what) {
-  result_.violations.push_back("at " + std::to_string(now_) + " ms: " + std::move(what));
+void Cluster::violation(Invariant invariant, std::string what) {
+  result_.violations.push_back("at " + std::to_string(now_) + " ms: [" + std::string(name(invariant)) + "] " +
+                               std::move(what));
+  result_.broken.push_back(invariant);
 }
+
 
 void Cluster::check_node(const SimNode& node) {
   if (!node.up || node.role == Role::kRouter) return;
@@ -592,12 +595,12 @@ void Cluster::check_node(const SimNode& node) {
     held = node.decode->blocks_held();
     slots = node.decode->slots_held();
     std::string maps = node.decode->check_sibling_maps();
-    if (!maps.empty()) violation("n" + std::to_string(node.id) + ": " + maps);
+    if (!maps.empty()) violation(Invariant::kSiblingMap, "n" + std::to_string(node.id) + ": " + maps);
   }
   // Conservation: every allocated block is held by exactly one live or
   // quarantined transfer (or the engine computing it); free + held == total.
   if (held != node.blocks.allocated_count() || slots != node.slots.allocated_count())
-    violation("n" + std::to_string(node.id) + " block accounting: pool has " +
+    violation(Invariant::kBlockAccounting, "n" + std::to_string(node.id) + " block accounting: pool has " +
               std::to_string(node.blocks.allocated_count()) + " blocks and " +
               std::to_string(node.slots.allocated_count()) + " slots allocated, the protocol holds " +
               std::to_string(held) + " and " + std::to_string(slots));
@@ -640,7 +643,7 @@ std::string Cluster::describe_transfer(TransferId t) const {
 void Cluster::final_checks() {
   for (const ClientRequest& r : requests_) {
     if (r.terminal_count == 0)
-      violation(pd::transfer_name(r.transfer) + " never reached a terminal state (" +
+      violation(Invariant::kHang, pd::transfer_name(r.transfer) + " never reached a terminal state (" +
                 describe_transfer(r.transfer) + " )" + (r.slow_admission ? " (slow admission)" : ""));
   }
   for (const auto& [id, node] : nodes_) {
@@ -656,11 +659,11 @@ void Cluster::final_checks() {
       for (const auto& [t, x] : node.decode->transfers()) note(t, name(x.state), x.blocks.size());
     }
     if (node.blocks.allocated_count() != 0 || node.slots.allocated_count() != 0 || !held.empty())
-      violation("n" + std::to_string(id) + " did not return to baseline: " +
+      violation(Invariant::kLeak, "n" + std::to_string(id) + " did not return to baseline: " +
                 std::to_string(node.blocks.allocated_count()) + " blocks and " +
                 std::to_string(node.slots.allocated_count()) + " slots allocated;" + held);
     if (node.blocks.exposed_count() != 0)
-      violation("n" + std::to_string(id) + " still exposes " +
+      violation(Invariant::kLeak, "n" + std::to_string(id) + " still exposes " +
                 std::to_string(node.blocks.exposed_count()) + " blocks");
   }
 }
@@ -765,7 +768,7 @@ void Cluster::handle(const Event& e) {
         requests_[request_of_.at(t)].injected_failure = true;
         std::string problem = node->blocks.free(blocks, t);
         if (slot != kNoSlot) problem += node->slots.free({slot}, t);
-        if (!problem.empty()) violation(problem);
+        if (!problem.empty()) violation(Invariant::kPoolOwnership, problem);
         node->prefill->on_prefill_failed(t, now_, &scratch_);
       } else {
         for (size_t i = 0; i < blocks.size(); ++i)
@@ -789,6 +792,13 @@ void Cluster::handle(const Event& e) {
       if (stale()) break;
       auto it = node->de.running.find(e.a);
       if (it == node->de.running.end()) break;
+      // An ended request must stop consuming resources: no sibling of an
+      // ended transfer decodes on.
+      const DecodeTransfer* d = node->decode->find(it->second);
+      if (d == nullptr || d->ending)
+        violation(Invariant::kEndedStillRunning,
+                  pd::transfer_name(it->second) + ": a sibling decoded on after its transfer ended (" +
+                      std::string(d != nullptr ? pd::name(d->end_reason) : "forgotten") + ")");
       node->de.running.erase(it);
       node->decode->on_sibling_finished(e.a, now_, &scratch_);
       apply(*node, scratch_);
@@ -847,18 +857,18 @@ void Cluster::on_rma_done(uint64_t op_id) {
       int32_t dst_slot = op.write ? op.target_slot : op.initiator_slot;
       for (size_t i = 0; i < src_blocks.size(); ++i) {
         if (!src.blocks.owned_by(src_blocks[i], op.transfer))
-          violation(t + ": block " + std::to_string(src_blocks[i]) + " of n" + std::to_string(src.id) +
+          violation(Invariant::kRmaAfterEnd, t + ": block " + std::to_string(src_blocks[i]) + " of n" + std::to_string(src.id) +
                     " read after its transfer ended (owner t" +
                     std::to_string(src.blocks.owner(src_blocks[i])) + ")");
         if (!dst.blocks.owned_by(dst_blocks[i], op.transfer))
-          violation(t + ": block " + std::to_string(dst_blocks[i]) + " of n" + std::to_string(dst.id) +
+          violation(Invariant::kRmaAfterEnd, t + ": block " + std::to_string(dst_blocks[i]) + " of n" + std::to_string(dst.id) +
                     " written after its transfer ended (owner t" +
                     std::to_string(dst.blocks.owner(dst_blocks[i])) + ")");
         dst.blocks.set_tag(dst_blocks[i], src.blocks.tag(src_blocks[i]));
       }
       if (src_slot != kNoSlot && dst_slot != kNoSlot) {
         if (!src.slots.owned_by(src_slot, op.transfer) || !dst.slots.owned_by(dst_slot, op.transfer))
-          violation(t + ": state slot moved after its transfer ended");
+          violation(Invariant::kRmaAfterEnd, t + ": state slot moved after its transfer ended");
         dst.slots.set_tag(dst_slot, src.slots.tag(src_slot));
       }
     }
@@ -955,6 +965,13 @@ RunResult Cluster::run() {
 RunResult run_scenario(const Scenario& scenario, bool record_trace) {
   Cluster cluster(scenario, record_trace);
   return cluster.run();
+}
+
+std::string_view name(Invariant v) {
+  static constexpr std::array<std::string_view, kInvariantCount> names = {
+      "announced", "pool_ownership", "sibling_map", "fork", "kv_integrity", "completed_early", "terminal_once",
+      "unexplained_failure", "block_accounting", "hang", "leak", "rma_after_end", "ended_still_running"};
+  return names[static_cast<size_t>(v)];
 }
 
 }  // namespace tandem::sim

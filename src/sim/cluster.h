@@ -16,9 +16,30 @@
 
 namespace tandem::sim {
 
+// Which invariant a violation breaks (mutation tests assert the one that
+// catches each bug, not only that something failed).
+enum class Invariant : uint8_t {
+  kAnnounced,           // a message announced what its step had not done (drivers' contract)
+  kPoolOwnership,       // a block freed twice, by a non-owner, or while exposed to a peer
+  kSiblingMap,          // transfer <-> sibling maps disagree
+  kFork,                // the decode forked the wrong number of siblings
+  kKvIntegrity,         // decoding from KV or state that is not the transfer's own
+  kCompletedEarly,      // a transfer completed with siblings still running
+  kTerminalOnce,        // a request reached a second terminal state
+  kUnexplainedFailure,  // a request failed with no injected fault to explain it
+  kBlockAccounting,     // protocol + engine holdings differ from the pool's allocation
+  kHang,                // a request never reached a terminal state
+  kLeak,                // an instance did not return to baseline (blocks, exposures)
+  kRmaAfterEnd,         // RMA touched memory of a transfer that had ended
+  kEndedStillRunning,   // a sibling went on decoding after its transfer ended
+};
+constexpr int kInvariantCount = 13;
+std::string_view name(Invariant invariant);
+
 struct RunResult {
   uint64_t seed = 0;
   std::vector<std::string> violations;  // empty = the run passed
+  std::vector<Invariant> broken;        // one per violation, same order
   uint64_t trace_hash = 0;
   int64_t events = 0;
   TimeMs end_ms = 0;
