@@ -75,10 +75,11 @@ struct Instance {
   std::unique_ptr<TransferAgent> agent;
   transport::UcxTransport* transport = nullptr;
 
-  Instance(pd::Role role, pd::NodeId node, pd::TransferMode mode, const std::string& tls) {
+  Instance(pd::Role role, pd::NodeId node, pd::TransferMode mode, const std::string& tls,
+           EngineConfig config = engine_config()) {
     LoadedTinyModel& m = testing::tiny_llama_f16();
     model = Model::load(m.file);
-    engine = std::make_unique<EngineCore>(*model, *m.tokenizer, engine_config());
+    engine = std::make_unique<EngineCore>(*model, *m.tokenizer, config);
     engine->start();
     if (role == pd::Role::kRouter) return;  // "both": no transfer
     KvPool& pool = engine->kv_pool();
@@ -136,10 +137,10 @@ struct Cluster {
   pd::TransferMode mode;
   uint64_t next_transfer = 100;
 
-  Cluster(pd::TransferMode m, const std::string& tls)
+  Cluster(pd::TransferMode m, const std::string& tls, EngineConfig decode_config = engine_config())
       : both(pd::Role::kRouter, 0, m, tls),
         prefill(pd::Role::kPrefill, kPrefillNode, m, tls),
-        decode(pd::Role::kDecode, kDecodeNode, m, tls),
+        decode(pd::Role::kDecode, kDecodeNode, m, tls, decode_config),
         mode(m) {
     decode.agent->connect("127.0.0.1", prefill.agent->listen_port());
     EXPECT_TRUE(eventually([&] {
@@ -258,6 +259,33 @@ TEST_P(PdInstancesTest, ConcurrentRequestsAndAPrefixHitOnTheDecode) {
   }
   Result again = c.disaggregated(prompts.back(), greedy(5));
   EXPECT_EQ(again.tokens, want.back().tokens);
+  c.expect_drained();
+}
+
+// A decode pool far smaller than the load: allocations wait for free blocks,
+// running requests are preempted and recompute from their token ids (the KV
+// that came from the prefill is not needed again), and every output still
+// equals one instance's.
+TEST_P(PdInstancesTest, ADecodeThatMustPreemptRecomputesLocally) {
+  LoadedTinyModel& m = testing::tiny_llama_f16();
+  EngineConfig small = engine_config();
+  small.kv_cache_bytes =
+      20 * static_cast<int64_t>(KvPool::bytes_per_block(m.model->kv_shape(1, small.block_size, small.kv_dtype)));
+  Cluster c(GetParam().mode, GetParam().tls, small);
+  ASSERT_EQ(c.decode.engine->n_kv_blocks(), 20);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<Result> want;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(prompt_of(10, 40 + i));
+    want.push_back(c.alone(prompts.back(), greedy(20)));
+  }
+  std::vector<uint64_t> keys;
+  for (auto& p : prompts) keys.push_back(c.submit(p, greedy(20)));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(c.results.wait(keys[i], 60'000)) << "request " << i << " never finished";
+    EXPECT_EQ(c.results.get(keys[i]).tokens, want[i].tokens) << "request " << i;
+  }
+  EXPECT_GT(c.decode.engine->metrics().preemptions.load(), 0);
   c.expect_drained();
 }
 

@@ -26,6 +26,9 @@ void add_router(CLI::App& app) {
   cmd->add_option("--request-timeout-ms", c->request_timeout_ms, "Deadline of one request")->check(CLI::Range(1000, 86'400'000));
   cmd->add_option("--eviction-ms", c->eviction_ms, "An instance silent this long is dropped")->check(CLI::Range(500, 600'000));
   cmd->add_option("--http-threads", c->http_threads, "Concurrent client connections")->check(CLI::Range(4, 4096));
+  cmd->add_option("--max-queued-connections", c->max_queued_connections,
+                  "Connections that may wait beyond --http-threads (beyond: HTTP 503 at once)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->callback([c] {
     sigset_t signals;
     sigemptyset(&signals);

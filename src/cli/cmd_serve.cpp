@@ -133,6 +133,9 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--served-model-name", a->server.served_model_name, "Model id clients use");
   cmd->add_option("--chat-template", a->server.chat_template, "Chat template family: chatml, llama3, llama2, mistral");
   cmd->add_option("--http-threads", a->server.http_threads, "Concurrent HTTP connections")->check(CLI::Range(4, 4096));
+  cmd->add_option("--max-queued-connections", a->server.max_queued_connections,
+                  "Connections that may wait beyond --http-threads (beyond: HTTP 503 at once)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-t,--threads", a->engine.threads, "Compute threads (0: one per core)")->check(CLI::Range(0, 1024));
   cmd->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens, "Token budget per step")
       ->check(CLI::Range(1, 1 << 20));

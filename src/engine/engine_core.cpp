@@ -195,14 +195,21 @@ void EngineCore::drain_inputs() {
   for (uint64_t id : arrivals) {
     auto it = awaiting_remote_kv_.find(id);
     if (it == awaiting_remote_kv_.end()) continue;  // aborted meanwhile
-    scheduler_->add_waiting(it->second);
+    scheduler_->add_running(it->second);
     awaiting_remote_kv_.erase(it);
   }
   for (auto& blocks : releases) {
     blocks_->release(blocks);
     metrics_.transfer_blocks_held -= static_cast<int64_t>(blocks.size());
   }
-  metrics_.waiting_remote_kv = static_cast<int64_t>(awaiting_remote_kv_.size());
+  // New transfers get blocks only once no request already here waits for
+  // some (preempted ones first, as a single instance admits them).
+  while (!awaiting_allocation_.empty() && scheduler_->n_waiting() == 0) {
+    auto it = requests_.find(awaiting_allocation_.front());
+    if (it != requests_.end() && !allocate_remote(*it->second)) break;
+    awaiting_allocation_.pop_front();  // allocated, or aborted meanwhile
+  }
+  metrics_.waiting_remote_kv = static_cast<int64_t>(awaiting_remote_kv_.size() + awaiting_allocation_.size());
 }
 
 void EngineCore::admit(EngineRequest&& req) {
@@ -246,6 +253,18 @@ void EngineCore::admit(EngineRequest&& req) {
 }
 
 void EngineCore::admit_remote(std::unique_ptr<RequestState> r) {
+  const uint64_t id = r->req.id;
+  RequestState& state = *r;
+  requests_[id] = std::move(r);
+  // A pool full of other requests' blocks is a wait, not a failure (report
+  // 000: admission took 78 s): it is retried as blocks come free, in arrival
+  // order, until the transfer's deadline ends it (an abort from the agent).
+  if (!awaiting_allocation_.empty() || scheduler_->n_waiting() > 0 || !allocate_remote(state))
+    awaiting_allocation_.push_back(id);
+}
+
+bool EngineCore::allocate_remote(RequestState& rs) {
+  RequestState* r = &rs;
   SeqState& s = *r->seqs.front();
   const int64_t n_moved_tokens = s.n_prompt - 1;
   const int64_t bs = config_.block_size;
@@ -258,11 +277,7 @@ void EngineCore::admit_remote(std::unique_ptr<RequestState> r) {
   auto fresh = blocks_->allocate(n_blocks - static_cast<int64_t>(match.blocks.size()));
   if (!fresh) {
     if (!match.blocks.empty()) blocks_->release(match.blocks);
-    out.kv_event = KvEvent::kAllocationFailed;
-    out.finished = true;
-    out.error = "not enough free KV blocks for the transferred prompt";
-    if (r->req.sink) r->req.sink(std::move(out));
-    return;
+    return false;
   }
   s.blocks = match.blocks;
   s.blocks.insert(s.blocks.end(), fresh->begin(), fresh->end());
@@ -278,9 +293,8 @@ void EngineCore::admit_remote(std::unique_ptr<RequestState> r) {
   out.kv_blocks = s.blocks;
   out.kv_cached_blocks = static_cast<int32_t>(match.blocks.size());
   awaiting_remote_kv_[r->req.id] = &s;
-  const uint64_t id = r->req.id;
   if (r->req.sink) r->req.sink(std::move(out));
-  requests_[id] = std::move(r);
+  return true;
 }
 
 void EngineCore::finish_prefill_only(RequestState& r, SeqState& s) {
@@ -303,6 +317,7 @@ void EngineCore::abort_now(uint64_t id, std::string error) {
   if (it == requests_.end()) return;  // finished already, or never admitted
   RequestState& r = *it->second;
   awaiting_remote_kv_.erase(id);
+  std::erase(awaiting_allocation_, id);
   for (auto& s : r.seqs) {
     if (!s->finished) {
       scheduler_->remove(s.get());
@@ -445,7 +460,15 @@ bool EngineCore::step() {
   SchedulerOutput out = scheduler_->schedule();
   const auto schedule_ns = static_cast<int64_t>(step_sw.elapsed_s() * 1e9);
   metrics_.preemptions += out.n_preempted;
-  TANDEM_ASSERT(!out.chunks.empty(), "a scheduler with work must schedule something (admission bounds requests)");
+  if (out.chunks.empty()) {
+    // Only P/D can leave nothing schedulable: blocks held for transfers still
+    // in flight (allocated for KV that is on its way). Their KV arrives, or
+    // their transfer ends, and frees the way; until then there is no step.
+    TANDEM_ASSERT(!awaiting_remote_kv_.empty() || !awaiting_allocation_.empty() || metrics_.transfer_blocks_held > 0,
+                  "a scheduler with work must schedule something (admission bounds requests)");
+    publish();
+    return false;
+  }
 
   for (const auto& [from, to] : out.block_copies)
     std::memcpy(kv_->block(to), kv_->block(from), kv_->block_bytes());

@@ -101,6 +101,9 @@ class EngineCore {
   void admit(EngineRequest&& req);
   void abort_now(uint64_t id, std::string error = {});
   void admit_remote(std::unique_ptr<RequestState> r);
+  // Allocates a kRemoteKv request's blocks; false (nothing taken) when the
+  // pool cannot hold them now.
+  bool allocate_remote(RequestState& r);
   void finish_prefill_only(RequestState& r, SeqState& s);
   void process_logits(SeqState& s, const float* logits, std::vector<RequestState*>& touched);
   void append_token(RequestState& r, SeqState& s, const SampleResult& sample);
@@ -127,6 +130,7 @@ class EngineCore {
   std::vector<uint64_t> pending_arrivals_;
   std::vector<std::vector<int32_t>> pending_releases_;
   std::map<uint64_t, SeqState*> awaiting_remote_kv_;  // decode: allocated, KV not yet here
+  std::deque<uint64_t> awaiting_allocation_;          // decode: admitted, blocks not yet free (FIFO)
   BlockManagerStats kv_stats_;
   std::atomic<bool> running_{false};
   std::thread thread_;

@@ -34,7 +34,7 @@ enum class KvEvent : uint8_t {
   kNone,
   kPrefillComputed,   // prefill: the KV of the prompt's first N-1 tokens is in kv_blocks
   kAllocated,         // decode: kv_blocks will hold the first N-1 tokens' KV
-  kAllocationFailed,  // decode: not enough free blocks now
+                      // (an allocation waits for free blocks; it never fails)
 };
 
 struct RequestOutput {

@@ -30,6 +30,12 @@ void Scheduler::add_running_after(Sequence* sibling, const Sequence* parent) {
   running_.insert(pos, sibling);
 }
 
+void Scheduler::add_running(Sequence* seq) {
+  TANDEM_ASSERT(!seq->blocks.empty() || seq->n_computed == 0, "a running sequence's computed tokens have blocks");
+  auto it = std::upper_bound(running_.begin(), running_.end(), seq, arrived_before);
+  running_.insert(it, seq);
+}
+
 void Scheduler::release_blocks(Sequence& seq) {
   if (!seq.blocks.empty()) blocks_.release(seq.blocks);
   seq.blocks.clear();

@@ -62,6 +62,11 @@ class Scheduler {
   void add_waiting(Sequence* seq);
   // A sibling forked from a running sequence joins the running set right after it.
   void add_running_after(Sequence* sibling, const Sequence* parent);
+  // A sequence whose prompt KV is already in its blocks (P/D: it arrived from
+  // a prefill) joins the running set in arrival order. It must not wait
+  // behind others holding its blocks: a waiting queue whose head needs
+  // blocks that a later entry holds would never move.
+  void add_running(Sequence* seq);
   // Removes a sequence from whichever queue holds it and releases its blocks.
   void remove(Sequence* seq);
   // Removes a sequence from the running set and leaves its blocks to the

@@ -264,11 +264,19 @@ void TransferAgent::apply(const pd::Effect& e) {
     }
     case EffectKind::kFree:
       counters_.blocks_freed += static_cast<int64_t>(e.local_blocks.size());
-      engine_.release_transfer_blocks(e.local_blocks);
+      // Blocks handed over at StartSiblings belong to the engine already.
+      if (handed_over_.erase(e.transfer) == 0) engine_.release_transfer_blocks(e.local_blocks);
       return;
     case EffectKind::kStartSiblings:
       siblings_[e.transfer] = e.siblings;
       engine_.remote_kv_arrived(engine_id(e.transfer));
+      // The KV is complete and no peer can reach these blocks any more
+      // (WriteDone came after the flush, or our own read is over): the
+      // sequences own them from here. Holding the transfer's reference
+      // until the request ends would pin blocks that preemption must be able
+      // to reclaim (every other request's prompt), and could starve the pool.
+      engine_.release_transfer_blocks(e.local_blocks);
+      handed_over_.insert(e.transfer);
       return;
     case EffectKind::kStopSiblings: {
       siblings_.erase(e.transfer);
@@ -299,22 +307,18 @@ void TransferAgent::on_engine_output(pd::TransferId transfer, RequestOutput&& ou
         });
       });
       return;
-    case KvEvent::kAllocationFailed:
     case KvEvent::kNone:
       break;
   }
-  bool allocation_failed = out.kv_event == KvEvent::kAllocationFailed;
   bool finished = out.finished;
   bool failed = !out.error.empty();
   std::vector<int32_t> finished_indexes;
   for (const SequenceDelta& d : out.sequences)
     if (d.finish != FinishReason::kNone) finished_indexes.push_back(d.index);
-  post([this, transfer, allocation_failed, finished, failed, finished_indexes, out = std::move(out)]() mutable {
+  post([this, transfer, finished, failed, finished_indexes, out = std::move(out)]() mutable {
     if (prefill_) return;  // a prefill request's only output is its KV
     auto r = requests_.find(transfer);
     if (r != requests_.end() && r->second.sink) r->second.sink(std::move(out));
-    if (allocation_failed)
-      return run([&](pd::Outputs* o) { decode_->on_allocation_failed(transfer, monotonic_ms(), o); });
     auto s = siblings_.find(transfer);
     if (s == siblings_.end()) return;
     if (failed) {

@@ -139,6 +139,7 @@ class TransferAgent {
   std::map<pd::TransferId, PdRequest> requests_;  // until the core's transfer has a tombstone
   std::map<pd::TransferId, std::vector<pd::SiblingId>> siblings_;
   std::set<pd::TransferId> engine_started_;  // the engine has (or had) the request
+  std::set<pd::TransferId> handed_over_;     // decode: blocks given to the engine at StartSiblings
   struct Peer {
     pd::Epoch epoch = 0;
     transport::WireLimits limits;

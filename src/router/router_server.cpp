@@ -6,6 +6,8 @@
 #include <deque>
 
 #include "router/cluster_api.h"
+#include "server/bounded_task_queue.h"
+#include "server/http_server.h"
 #include "server/api_error.h"
 #include "server/openai_protocol.h"
 #include "util/clock.h"
@@ -24,6 +26,9 @@ void send_json(httplib::Response& res, int status, const json& body) {
   res.set_content(server::dump_body(body), "application/json");
 }
 void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, e.to_json()); }
+
+// How one attempt at a request ended.
+constexpr int kEndCompleted = 0, kEndFailed = 1, kEndRetried = 2;
 
 ApiError no_instance(const char* role) {
   ApiError e;
@@ -70,7 +75,11 @@ RouterServer::RouterServer(RouterConfig config)
   if (config_.secret.empty())
     throw Error("the router needs a cluster secret: --cluster-secret or TANDEM_CLUSTER_SECRET");
   TANDEM_ASSERT(config_.epoch > 0 && config_.epoch < (1u << 21), "router epoch must fit the transfer id's epoch bits");
-  http_->new_task_queue = [n = config_.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  queue_stats_ = std::make_unique<server::QueueStats>();
+  http_->new_task_queue = [this] {
+    return new server::BoundedTaskQueue(config_.http_threads, config_.max_queued_connections, queue_stats_.get());
+  };
+  server::use_exclusive_listener(*http_, &listen_fd_);
   install_routes();
 }
 
@@ -83,11 +92,7 @@ pd::TransferId RouterServer::mint() {
   return (uint64_t{config_.epoch} << pd::kTransferEpochShift) | n;
 }
 
-int RouterServer::bind() {
-  int port = config_.port == 0 ? http_->bind_to_any_port(config_.host) : (http_->bind_to_port(config_.host, config_.port) ? config_.port : -1);
-  if (port < 0) throw Error("router: cannot bind " + config_.host + ":" + std::to_string(config_.port));
-  return port;
-}
+int RouterServer::bind() { return server::bind_listener(*http_, config_.host, config_.port, &listen_fd_); }
 
 void RouterServer::serve() {
   running_ = true;
@@ -117,6 +122,11 @@ void RouterServer::abort_leg(const InstanceInfo& instance, pd::TransferId transf
 void RouterServer::install_routes() {
   httplib::Server& s = *http_;
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (server::BoundedTaskQueue::rejecting()) {
+      send_error(res, server::connections_exhausted(config_.http_threads, config_.max_queued_connections));
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (config_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (!constant_time_equal(req.get_header_value("Authorization"), "Bearer " + config_.api_key)) {
       send_error(res, server::unauthorized());
@@ -218,6 +228,8 @@ void RouterServer::install_routes() {
     gauge("tandem_router_requests_total", "Client requests received", static_cast<double>(counters_.requests.load()));
     gauge("tandem_router_requests_completed", "Requests relayed to their end", static_cast<double>(counters_.completed.load()));
     gauge("tandem_router_requests_failed", "Requests that failed", static_cast<double>(counters_.failed.load()));
+    gauge("tandem_router_retries", "Attempts retried on another instance before the first byte",
+          static_cast<double>(counters_.retries.load()));
     gauge("tandem_router_client_aborts", "Clients that went away", static_cast<double>(counters_.client_aborts.load()));
     gauge("tandem_router_rejected_overload", "Requests refused beyond max_in_flight",
           static_cast<double>(counters_.rejected_overload.load()));
@@ -228,28 +240,46 @@ void RouterServer::install_routes() {
     gauge("tandem_router_instances", "Registered instances", registry_.count(pd::Role::kPrefill), "{role=\"prefill\"}");
     m += "tandem_router_instances{role=\"decode\"} " + std::to_string(registry_.count(pd::Role::kDecode)) + "\n";
     gauge("tandem_router_evictions", "Instances dropped for silence", static_cast<double>(registry_.evictions()));
+    m += server::render_queue_metrics(*queue_stats_);
     res.set_content(m, "text/plain; version=0.0.4");
   });
 
-  auto generate = [this](const httplib::Request& req, httplib::Response& res, const std::string& path) {
-    ++counters_.requests;
-    json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) return send_error(res, server::bad_json("the body is not a JSON object"));
-    if (in_flight_.load() >= config_.max_in_flight) {
-      ++counters_.rejected_overload;
-      ApiError e = server::engine_unavailable("the router has " + std::to_string(config_.max_in_flight) +
-                                              " requests in flight; retry after a short wait");
-      return send_error(res, e);
-    }
-    auto prefill = registry_.pick(pd::Role::kPrefill);
+  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    generate(req, res, "/v1/completions");
+  });
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    generate(req, res, "/v1/chat/completions");
+  });
+}
+
+void RouterServer::generate(const httplib::Request& req, httplib::Response& res, const std::string& path) {
+  ++counters_.requests;
+  json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) return send_error(res, server::bad_json("the body is not a JSON object"));
+  if (in_flight_.load() >= config_.max_in_flight) {
+    ++counters_.rejected_overload;
+    ApiError e = server::engine_unavailable("the router has " + std::to_string(config_.max_in_flight) +
+                                            " requests in flight; retry after a short wait");
+    return send_error(res, e);
+  }
+  // A request is retried on other instances only while nothing has been
+  // sent to the client: a leg that cannot be reached or answers 5xx before
+  // the decode's response began.
+  constexpr int kMaxAttempts = 3;
+  std::vector<pd::NodeId> avoid_prefill, avoid_decode;
+  std::string last_error;
+  for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+    auto prefill = registry_.pick(pd::Role::kPrefill, avoid_prefill);
     if (!prefill) {
       ++counters_.rejected_no_instance;
+      if (attempt > 0) break;
       return send_error(res, no_instance("prefill"));
     }
-    auto decode = registry_.pick(pd::Role::kDecode);
+    auto decode = registry_.pick(pd::Role::kDecode, avoid_decode);
     if (!decode) {
       registry_.done(prefill->node);
       ++counters_.rejected_no_instance;
+      if (attempt > 0) break;
       return send_error(res, no_instance("decode"));
     }
     const pd::TransferId transfer = mint();
@@ -258,12 +288,12 @@ void RouterServer::install_routes() {
       std::lock_guard<std::mutex> lock(mu_);
       transfers_[transfer] = {transfer, prefill->node, decode->node, monotonic_ms(), "prefill"};
     }
-    // Everything below ends through `finish`, exactly once.
-    auto finish = [this, transfer, p = prefill->node, d = decode->node](bool ok) {
+    // Every attempt ends through `finish`, exactly once.
+    auto finish = [this, transfer, p = prefill->node, d = decode->node](int outcome) {
       registry_.done(p);
       registry_.done(d);
       --in_flight_;
-      ++(ok ? counters_.completed : counters_.failed);
+      ++(outcome == kEndCompleted ? counters_.completed : outcome == kEndRetried ? counters_.retries : counters_.failed);
       std::lock_guard<std::mutex> lock(mu_);
       transfers_.erase(transfer);
     };
@@ -289,16 +319,20 @@ void RouterServer::install_routes() {
       cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
       cli.set_read_timeout(30, 0);
       auto r = cli.Post(path, prefill_body.dump(), "application/json");
+      if (r && r->status >= 400 && r->status < 500) {
+        // The request itself is wrong: the instance's OpenAI error goes back as is.
+        finish(kEndFailed);
+        res.status = r->status;
+        res.set_content(r->body, "application/json");
+        return;
+      }
       if (!r || r->status != 200) {
-        finish(false);
-        if (r && r->status >= 400 && r->status < 500) {
-          // The request itself is wrong: the instance's OpenAI error goes back as is.
-          res.status = r->status;
-          res.set_content(r->body, "application/json");
-          return;
-        }
-        return send_error(res, upstream_error("the prefill instance (node " + std::to_string(prefill->node) + ") " +
-                                             (r ? "answered HTTP " + std::to_string(r->status) : "could not be reached")));
+        last_error = "the prefill instance (node " + std::to_string(prefill->node) + ") " +
+                     (r ? "answered HTTP " + std::to_string(r->status) : "could not be reached");
+        if (r) abort_leg(*prefill, transfer);
+        finish(kEndRetried);
+        avoid_prefill.push_back(prefill->node);
+        continue;
       }
     }
     {
@@ -359,23 +393,25 @@ void RouterServer::install_routes() {
       status = up->status;
     }
     if (status != 200) {
-      // Wait for the whole (error) body, bounded, then answer with it.
+      // Wait for the whole (error) body, bounded, then answer with it or retry.
       {
         std::unique_lock<std::mutex> lock(up->mu);
         up->cv.wait_for(lock, std::chrono::seconds(5), [&] { return up->ended; });
       }
       abort_leg(*prefill, transfer);
-      finish(false);
       if (status >= 400 && status < 500) {
+        finish(kEndFailed);
         std::string text;
         for (auto& c : up->chunks) text += c;
         res.status = status;
         res.set_content(text, "application/json");
         return;
       }
-      return send_error(res, upstream_error("the decode instance (node " + std::to_string(decode->node) + ") " +
-                                           (status > 0 ? "answered HTTP " + std::to_string(status)
-                                                       : "could not be reached: " + up->error)));
+      last_error = "the decode instance (node " + std::to_string(decode->node) + ") " +
+                   (status > 0 ? "answered HTTP " + std::to_string(status) : "could not be reached: " + up->error);
+      finish(kEndRetried);
+      avoid_decode.push_back(decode->node);
+      continue;
     }
     auto prefill_info = *prefill;
     res.set_chunked_content_provider(
@@ -415,15 +451,12 @@ void RouterServer::install_routes() {
             up->cancel = true;
             abort_leg(prefill_info, transfer);
           }
-          finish(success);
+          finish(success ? kEndCompleted : kEndFailed);
         });
-  };
-  s.Post("/v1/completions", [generate](const httplib::Request& req, httplib::Response& res) {
-    generate(req, res, "/v1/completions");
-  });
-  s.Post("/v1/chat/completions", [generate](const httplib::Request& req, httplib::Response& res) {
-    generate(req, res, "/v1/chat/completions");
-  });
+    return;
+  }
+  ++counters_.failed;
+  send_error(res, upstream_error(last_error + " (tried " + std::to_string(kMaxAttempts) + " times)"));
 }
 
 }  // namespace tandem::router

@@ -21,6 +21,12 @@
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
+}
+
+namespace tandem::server {
+struct QueueStats;
 }
 
 namespace tandem::router {
@@ -35,6 +41,7 @@ struct RouterConfig {
   int64_t request_timeout_ms = 900'000;
   int64_t max_in_flight = 1024;
   int http_threads = 256;
+  int max_queued_connections = 256;
   int upstream_connect_timeout_ms = 3000;
 };
 
@@ -42,6 +49,7 @@ struct RouterCounters {
   std::atomic<int64_t> requests{0};
   std::atomic<int64_t> completed{0};
   std::atomic<int64_t> failed{0};
+  std::atomic<int64_t> retries{0};  // attempts given up on another instance before any byte was sent
   std::atomic<int64_t> client_aborts{0};
   std::atomic<int64_t> rejected_overload{0};
   std::atomic<int64_t> rejected_no_instance{0};
@@ -72,12 +80,16 @@ class RouterServer {
     std::string phase;
   };
   void install_routes();
+  // One client completion or chat request: pick, hand over, relay (retrying
+  // on other instances while nothing has reached the client).
+  void generate(const httplib::Request& req, httplib::Response& res, const std::string& path);
   pd::TransferId mint();
   void abort_leg(const InstanceInfo& instance, pd::TransferId transfer);
 
   RouterConfig config_;
   Registry registry_;
   RouterCounters counters_;
+  std::unique_ptr<server::QueueStats> queue_stats_;
   std::unique_ptr<httplib::Server> http_;
   int listen_fd_ = -1;
   std::atomic<uint64_t> next_transfer_{1};

@@ -156,6 +156,13 @@ ApiError engine_unavailable(std::string_view why) {
               "The engine is not available: " + std::string(why) + ". Retry later.");
 }
 
+ApiError connections_exhausted(int64_t workers, int64_t max_queued) {
+  return make(503, "server_error",
+              "The server is at capacity: " + std::to_string(workers) + " connections are being served and " +
+                  std::to_string(max_queued) + " are waiting. Retry after a short wait.",
+              {}, "server_overloaded");
+}
+
 ApiError unauthorized() {
   return make(401, kInvalidRequest,
               "Missing or incorrect API key. Send it as 'Authorization: Bearer <key>'.", {},

@@ -60,6 +60,8 @@ ApiError queue_full(int64_t queue_limit);
 // The engine is not running (starting, stopping, or failed): 503, type
 // "server_error"; clients retry.
 ApiError engine_unavailable(std::string_view why);
+// 503: more connections than the server works on and lets wait.
+ApiError connections_exhausted(int64_t workers, int64_t max_queued);
 // Missing or wrong API key (401, code "invalid_api_key", as OpenAI sends).
 ApiError unauthorized();
 // No such route (404) and a body over the server's size limit (413).

@@ -1,5 +1,7 @@
 #include "server/http_server.h"
 
+#include "server/bounded_task_queue.h"
+
 #include <httplib.h>
 #include <sys/socket.h>
 
@@ -92,37 +94,45 @@ HttpServer::HttpServer(EngineCore& engine, const Model& model, const Tokenizer& 
       http_(std::make_unique<httplib::Server>()) {
   if (config_.served_model_name.empty()) config_.served_model_name = "tandem";
   const int threads = std::max(4, config_.http_threads);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  queue_stats_ = std::make_unique<QueueStats>();
+  http_->new_task_queue = [this, threads] {
+    return new BoundedTaskQueue(threads, config_.max_queued_connections, queue_stats_.get());
+  };
   http_->set_payload_max_length(static_cast<size_t>(config_.max_body_bytes));
   http_->set_read_timeout(60, 0);
   http_->set_write_timeout(60, 0);
   http_->set_keep_alive_timeout(5);
-  // httplib's default options set SO_REUSEPORT, which would let a second
-  // server bind a port that is in use without an error; SO_REUSEADDR only.
-  // The fd is kept to raise the listen backlog after bind (see bind()).
-  http_->set_socket_options([this](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    listen_fd_ = sock;
-  });
+  use_exclusive_listener(*http_, &listen_fd_);
   install_routes();
 }
 
-HttpServer::~HttpServer() { stop(); }
+void use_exclusive_listener(httplib::Server& server, int* listen_fd) {
+  server.set_socket_options([listen_fd](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    *listen_fd = sock;
+  });
+}
 
-int HttpServer::bind() {
-  if (config_.port == 0) {
-    const int port = http_->bind_to_any_port(config_.host.c_str());
-    if (port < 0) throw Error("cannot bind " + config_.host + " to any port");
-    config_.port = port;
-  } else if (!http_->bind_to_port(config_.host.c_str(), config_.port)) {
-    throw Error("cannot bind " + config_.host + ":" + std::to_string(config_.port) +
+int bind_listener(httplib::Server& server, const std::string& host, int port, const int* listen_fd) {
+  if (port == 0) {
+    port = server.bind_to_any_port(host.c_str());
+    if (port < 0) throw Error("cannot bind " + host + " to any port");
+  } else if (!server.bind_to_port(host.c_str(), port)) {
+    throw Error("cannot bind " + host + ":" + std::to_string(port) +
                 " (in use, or not an address of this machine); pick another --port or --host");
   }
   // The packaged httplib listens with a backlog of 5: a burst of clients (64
   // connecting at once) overflows it, SYNs are dropped and those clients wait
   // a 1 s retransmission or fail. listen() again just raises the backlog.
-  if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
+  if (*listen_fd >= 0) ::listen(*listen_fd, SOMAXCONN);
+  return port;
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+  config_.port = bind_listener(*http_, config_.host, config_.port, &listen_fd_);
   return config_.port;
 }
 
@@ -166,6 +176,11 @@ void HttpServer::install_routes() {
   httplib::Server& s = *http_;
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (BoundedTaskQueue::rejecting()) {
+      send_error(res, connections_exhausted(config_.http_threads, config_.max_queued_connections));
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (config_.api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
     if (req.path == "/health" || req.path == "/metrics") return httplib::Server::HandlerResponse::Unhandled;
     if (!constant_time_equal(req.get_header_value("Authorization"), "Bearer " + config_.api_key)) {
@@ -209,7 +224,9 @@ void HttpServer::install_routes() {
   });
 
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(render_prometheus(engine_.metrics(), config_.served_model_name, !draining_), "text/plain; version=0.0.4");
+    std::string text = render_prometheus(engine_.metrics(), config_.served_model_name, !draining_);
+    text += render_queue_metrics(*queue_stats_);
+    res.set_content(text, "text/plain; version=0.0.4");
   });
 
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {

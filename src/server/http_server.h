@@ -34,6 +34,17 @@ class Tokenizer;
 
 namespace tandem::server {
 
+struct QueueStats;
+
+// What every tandem HTTP listener needs from httplib (the instance's and the
+// router's): SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, with which
+// another socket of this user, a UCX interface among them, can be handed the
+// same port by the kernel and take a share of the connections), the listening
+// fd recorded in *listen_fd, then a backlog raised past httplib's 5 at bind.
+void use_exclusive_listener(httplib::Server& server, int* listen_fd);
+// Binds host:port (0: any free port); returns the port or throws tandem::Error.
+int bind_listener(httplib::Server& server, const std::string& host, int port, const int* listen_fd);
+
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8000;                 // 0: any free port (see bind())
@@ -41,6 +52,7 @@ struct ServerConfig {
   std::string served_model_name;   // the id clients send as "model"
   std::string chat_template;       // --chat-template family override (empty: detect)
   int http_threads = 128;          // concurrent connections served
+  int max_queued_connections = 128;  // beyond http_threads, waiting; beyond both: 503 at once
   int64_t max_body_bytes = 16 << 20;
   int output_timeout_s = 300;      // longest wait for the engine's next output of a request
   int health_timeout_ms = 2000;    // the engine loop must tick within this for /health to say 200
@@ -96,6 +108,7 @@ class HttpServer {
   ServerConfig config_;
   ChatTemplate template_;
   PdHook pd_hook_;
+  std::unique_ptr<QueueStats> queue_stats_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};
