@@ -23,15 +23,7 @@
 namespace tandem::transport {
 namespace {
 
-std::string hex(std::span<const uint8_t> d) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : d) {
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
+std::string hex(std::span<const uint8_t> d) { return to_hex(d); }
 std::span<const uint8_t> bytes_of(std::string_view s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }

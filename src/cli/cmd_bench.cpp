@@ -291,6 +291,7 @@ void add_bench(CLI::App& app) {
     std::fputs((s->json ? loadgen::results_to_json(c, results) + "\n" : loadgen::results_to_table(results)).c_str(), stdout);
   });
   add_bench_transfer(*bench);
+  add_bench_router(*bench);
 }
 
 }  // namespace tandem::cli

@@ -10,6 +10,7 @@ void add_make_model(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_bench_transfer(CLI::App& bench);
+void add_bench_router(CLI::App& bench);
 void add_serve(CLI::App& app);
 void add_sim(CLI::App& app);
 void add_router(CLI::App& app);

@@ -8,15 +8,6 @@ namespace tandem::router {
 using json = nlohmann::json;
 
 namespace {
-std::string hex(std::span<const uint8_t> d) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : d) {
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
 
 template <typename T>
 bool read(const json& j, const char* key, T* out, std::string* why) {
@@ -50,7 +41,7 @@ bool parse_mode(const std::string& s, pd::TransferMode* mode) {
 
 std::string sign(const std::string& secret, const std::string& body) {
   auto d = transport::hmac_sha256(secret, {std::span(reinterpret_cast<const uint8_t*>(body.data()), body.size())});
-  return hex(d);
+  return transport::to_hex(d);
 }
 
 bool verify(const std::string& secret, const std::string& body, const std::string& signature) {

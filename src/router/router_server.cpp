@@ -241,6 +241,23 @@ void RouterServer::install_routes() {
     m += "tandem_router_instances{role=\"decode\"} " + std::to_string(registry_.count(pd::Role::kDecode)) + "\n";
     gauge("tandem_router_evictions", "Instances dropped for silence", static_cast<double>(registry_.evictions()));
     m += server::render_queue_metrics(*queue_stats_);
+    // Requests by phase, with the age of the oldest in each (a stuck one shows).
+    std::map<std::string, std::pair<int64_t, int64_t>> phases = {{"prefill", {0, 0}}, {"decode", {0, 0}}};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      int64_t now = monotonic_ms();
+      for (const auto& [id, t] : transfers_) {
+        auto& [count, oldest] = phases[t.phase];
+        ++count;
+        oldest = std::max(oldest, now - t.started_ms);
+      }
+    }
+    m += "# HELP tandem_router_transfers Requests in flight by phase\n# TYPE tandem_router_transfers gauge\n";
+    for (const auto& [phase, v] : phases) m += "tandem_router_transfers{phase=\"" + phase + "\"} " + std::to_string(v.first) + "\n";
+    m += "# HELP tandem_router_transfer_oldest_ms Age of the oldest request in each phase\n"
+         "# TYPE tandem_router_transfer_oldest_ms gauge\n";
+    for (const auto& [phase, v] : phases)
+      m += "tandem_router_transfer_oldest_ms{phase=\"" + phase + "\"} " + std::to_string(v.second) + "\n";
     res.set_content(m, "text/plain; version=0.0.4");
   });
 

@@ -90,6 +90,17 @@ Digest Sha256::finish() {
   return out;
 }
 
+std::string to_hex(std::span<const uint8_t> bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  s.reserve(bytes.size() * 2);
+  for (uint8_t b : bytes) {
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+
 Digest sha256(std::span<const uint8_t> bytes) {
   Sha256 h;
   h.update(bytes);

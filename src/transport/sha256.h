@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace tandem::transport {
@@ -29,6 +30,9 @@ class Sha256 {
 };
 
 Digest sha256(std::span<const uint8_t> bytes);
+
+// Lower-case hexadecimal of bytes (digests in headers and logs).
+std::string to_hex(std::span<const uint8_t> bytes);
 
 // HMAC-SHA256 of the concatenation of `parts` under `key`.
 Digest hmac_sha256(std::string_view key, std::initializer_list<std::span<const uint8_t>> parts);
