@@ -5,7 +5,9 @@
 // time (from /proc) idle with N instances, then relaying a load through them:
 // requests and streamed tokens per second, CPU milliseconds per request.
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +38,19 @@ struct RouterBenchArgs {
   double idle_s = 5;
   bool json_out = false;
 };
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw Error("bench router: no free port");
+  close(fd);
+  return ntohs(a.sin_port);
+}
 
 // utime + stime of a process, in milliseconds.
 double cpu_ms(pid_t pid) {
@@ -97,11 +112,7 @@ void run(const RouterBenchArgs& a) {
   std::printf("%s\n", a.json_out ? "" : "instances  idle CPU %   heartbeats/s  req/s   tok/s   router CPU ms/req  errors");
   json results = json::array();
   for (int n_instances : a.instances) {
-    int port = 0;
-    {
-      httplib::Server probe;
-      port = probe.bind_to_any_port("127.0.0.1");
-    }
+    int port = free_port();
     pid_t router = fork();
     if (router == 0) {
       execl(exe, exe, "router", "--port", std::to_string(port).c_str(), "--eviction-ms", "60000",
@@ -116,6 +127,7 @@ void run(const RouterBenchArgs& a) {
       }
     } reaper{router};
     httplib::Client cli("127.0.0.1", port);
+    cli.set_tcp_nodelay(true);
     cli.set_connection_timeout(1, 0);
     for (int64_t until = monotonic_ms() + 10'000; monotonic_ms() < until && !cli.Get("/metrics");)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -143,13 +155,22 @@ void run(const RouterBenchArgs& a) {
     // Heartbeats from every instance, once a second, as real ones send them.
     std::atomic<bool> beating{true};
     std::atomic<int64_t> beats{0};
+    uint64_t seen_version = 0;  // one shared view stands for every instance's
     std::thread heart([&] {
       httplib::Client hb("127.0.0.1", port);
+      hb.set_tcp_nodelay(true);
+      hb.set_keep_alive(true);  // as instances send them
       while (beating) {
         for (const auto& info : infos) {
-          std::string body = json{{"node", info.node}, {"epoch", info.epoch}, {"free_blocks", 4096}, {"waiting", 0}}.dump();
-          hb.Post("/internal/heartbeat", {{router::kSignatureHeader, router::sign(secret, body)}}, body,
-                  "application/json");
+          std::string body = json{{"node", info.node}, {"epoch", info.epoch}, {"free_blocks", 4096}, {"waiting", 0},
+                                  {"registry_version", seen_version}}
+                                 .dump();
+          auto r = hb.Post("/internal/heartbeat", {{router::kSignatureHeader, router::sign(secret, body)}}, body,
+                           "application/json");
+          if (r && r->status == 200) {
+            json j = json::parse(r->body, nullptr, false);
+            if (j.is_object()) seen_version = j.value("registry_version", uint64_t{0});
+          }
           ++beats;
         }
         for (int i = 0; i < 20 && beating; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -218,6 +218,7 @@ bool PdInstance::register_once(std::string* why) {
   std::string body = router::to_json(info).dump();
   auto url = router::parse_http_url(options_.router_url);
   httplib::Client cli(url->host, url->port);
+  cli.set_tcp_nodelay(true);
   cli.set_connection_timeout(2, 0);
   cli.set_read_timeout(5, 0);
   auto r = cli.Post("/internal/register", {{router::kSignatureHeader, router::sign(options_.secret, body)}}, body,
@@ -258,29 +259,36 @@ void PdInstance::join(const std::string& api_host, int api_port) {
 void PdInstance::heartbeat_loop() {
   auto url = router::parse_http_url(options_.router_url);
   httplib::Client cli(url->host, url->port);
+  cli.set_tcp_nodelay(true);
   cli.set_connection_timeout(1, 0);
   cli.set_read_timeout(2, 0);
+  cli.set_keep_alive(true);
+  uint64_t registry_version = 0;
   while (running_) {
     const EngineMetrics& m = engine_.metrics();
     json body = {{"node", options_.node},
                  {"epoch", epoch_},
                  {"free_blocks", engine_.n_kv_blocks() - m.kv_blocks_used.load()},
                  {"waiting", m.waiting.load() + m.waiting_remote_kv.load()},
-                 {"draining", draining_.load()}};
+                 {"draining", draining_.load()},
+                 {"registry_version", registry_version}};
     std::string text = body.dump();
     auto r = cli.Post("/internal/heartbeat", {{router::kSignatureHeader, router::sign(options_.secret, text)}}, text,
                       "application/json");
     if (r && r->status == 404) {
       std::string why;
+      registry_version = 0;
       try {
         register_once(&why);  // the router restarted, or evicted us
       } catch (const Error& e) {
         std::fprintf(stderr, "tandem: %s\n", e.what());
       }
-    } else if (r && r->status == 200 && options_.role == pd::Role::kDecode) {
-      // Connect to every prefill before traffic needs it.
+    } else if (r && r->status == 200) {
+      // Decodes connect to every prefill before traffic needs it (the list
+      // comes only when it changed).
       json j = json::parse(r->body, nullptr, false);
-      if (j.is_object() && j["instances"].is_array())
+      if (j.is_object()) registry_version = j.value("registry_version", uint64_t{0});
+      if (options_.role == pd::Role::kDecode && j.is_object() && j.contains("instances") && j["instances"].is_array())
         for (const json& i : j["instances"])
           if (i.value("role", "") == "prefill")
             agent_->ensure_connected(i.value("node", 0u), i.value("transfer_host", ""),

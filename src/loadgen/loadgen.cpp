@@ -126,6 +126,8 @@ Sample one_request(const LoadConfig& c, const Url& url, const std::string& model
   if (c.stream) body["stream_options"] = {{"include_usage", true}};
 
   httplib::Client cli(url.scheme_host_port);
+
+  cli.set_tcp_nodelay(true);
   cli.set_read_timeout(c.timeout_s, 0);
   cli.set_write_timeout(c.timeout_s, 0);
   cli.set_connection_timeout(10, 0);
@@ -229,6 +231,7 @@ Percentiles percentiles(std::vector<double> v) {
 
 std::string discover_model(const LoadConfig& c, const Url& url) {
   httplib::Client cli(url.scheme_host_port);
+  cli.set_tcp_nodelay(true);
   cli.set_connection_timeout(10, 0);
   cli.set_read_timeout(30, 0);
   auto res = cli.Get((url.base_path + "/v1/models").c_str(), headers_for(c));

@@ -42,6 +42,7 @@ std::optional<std::string> Registry::add(InstanceInfo info, int64_t now_ms) {
   info.registered_ms = now_ms;
   info.free_blocks = info.capacity_blocks;
   instances_[info.node] = std::move(info);
+  ++version_;
   return std::nullopt;
 }
 
@@ -69,6 +70,7 @@ int Registry::evict_silent(int64_t now_ms) {
     }
   }
   evictions_ += n;
+  if (n > 0) ++version_;
   if (instances_.empty()) cluster_mode_.reset();
   return n;
 }
@@ -104,6 +106,11 @@ int Registry::count(pd::Role role) const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(std::count_if(instances_.begin(), instances_.end(),
                                         [&](const auto& kv) { return kv.second.role == role; }));
+}
+
+uint64_t Registry::version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return version_;
 }
 
 int64_t Registry::evictions() const {

@@ -60,6 +60,9 @@ class Registry {
   std::vector<InstanceInfo> list() const;
   int count(pd::Role role) const;
   int64_t evictions() const;
+  // Grows whenever the set of instances or their addresses changes (not on
+  // load updates): a heartbeat answer carries the list only when it moved.
+  uint64_t version() const;
 
  private:
   int64_t eviction_ms_;
@@ -68,6 +71,7 @@ class Registry {
   uint64_t cluster_model_hash_ = 0;
   std::optional<pd::TransferMode> cluster_mode_;
   int64_t evictions_ = 0;
+  uint64_t version_ = 1;
 };
 
 }  // namespace tandem::router

@@ -113,6 +113,7 @@ void RouterServer::stop() {
 void RouterServer::abort_leg(const InstanceInfo& instance, pd::TransferId transfer) {
   std::string body = json{{"transfer_id", transfer}}.dump();
   httplib::Client cli(instance.api_host, instance.api_port);
+  cli.set_tcp_nodelay(true);
   cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
   cli.set_read_timeout(2, 0);
   httplib::Headers h = {{kSignatureHeader, sign(config_.secret, body)}};
@@ -172,9 +173,16 @@ void RouterServer::install_routes() {
                  registry_.heartbeat(j->value("node", 0u), j->value("epoch", 0u), j->value("free_blocks", int64_t{0}),
                                      j->value("waiting", int64_t{0}), j->value("draining", false), monotonic_ms());
     if (!known) return send_json(res, 404, {{"error", "unknown node or epoch: register again"}});
-    json list = json::array();
-    for (const InstanceInfo& i : registry_.list()) list.push_back(to_json(i));
-    send_json(res, 200, {{"instances", list}});
+    // The list only when it changed since the instance last saw it: a
+    // heartbeat costs O(1), not O(instances).
+    uint64_t version = registry_.version();
+    json answer = {{"registry_version", version}};
+    if (j->value("registry_version", uint64_t{0}) != version) {
+      json list = json::array();
+      for (const InstanceInfo& i : registry_.list()) list.push_back(to_json(i));
+      answer["instances"] = std::move(list);
+    }
+    send_json(res, 200, answer);
   });
 
   // ---- clients ----
@@ -333,6 +341,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     prefill_body.erase("stream_options");
     {
       httplib::Client cli(prefill->api_host, prefill->api_port);
+      cli.set_tcp_nodelay(true);
       cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
       cli.set_read_timeout(30, 0);
       auto r = cli.Post(path, prefill_body.dump(), "application/json");
@@ -369,6 +378,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     // before the Upstream goes (so the thread never holds the last reference).
     up->reader = std::thread([this, up = up.get(), d = *decode, path, text = decode_body.dump()] {
       httplib::Client cli(d.api_host, d.api_port);
+      cli.set_tcp_nodelay(true);
       cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
       cli.set_read_timeout(config_.request_timeout_ms / 1000, 0);
       httplib::Request r;

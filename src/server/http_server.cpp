@@ -107,6 +107,9 @@ HttpServer::HttpServer(EngineCore& engine, const Model& model, const Tokenizer& 
 }
 
 void use_exclusive_listener(httplib::Server& server, int* listen_fd) {
+  // Streamed tokens are small writes: without TCP_NODELAY, Nagle holds each
+  // behind the previous one's (delayed, up to 40 ms) acknowledgement.
+  server.set_tcp_nodelay(true);
   server.set_socket_options([listen_fd](int sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
