@@ -22,8 +22,9 @@ wait_ready() {
   echo "not ready" >&2; return 1
 }
 threads=$(nproc)
-echo "== 1P1D through the router ($mode mode, 1 thread per instance of $threads)"
-setsid "$bin" cluster --prefill 1 --decode 1 --mode "$mode" --port "$port" -t $((threads / 2 > 0 ? threads / 2 : 1)) "${margs[@]}" 2>/dev/null &
+echo "== 1P1D through the router ($mode mode, ${THREADS_PER_INSTANCE:-$((threads / 2 > 0 ? threads / 2 : 1))} threads per instance, $threads cores)"
+per="${THREADS_PER_INSTANCE:-$((threads / 2 > 0 ? threads / 2 : 1))}"
+setsid "$bin" cluster --prefill 1 --decode 1 --mode "$mode" --port "$port" -t "$per" "${margs[@]}" 2>/dev/null &
 pg=$!
 wait_ready "$port"
 "$bin" bench serve --url "http://127.0.0.1:$port" -c "$levels" --input-len "$in_len" --output-len "$out_len" 2>/dev/null
