@@ -195,6 +195,14 @@ std::string PdInstance::debug_json() {
             {"rma_failures", s->counters.rma_failures},
             {"connected_peers", peers},
             {"requests_tracked", s->requests_tracked}};
+  json recent = json::array();
+  for (const instance::TransferTimeline& t : s->recent)
+    recent.push_back({{"transfer", pd::transfer_name(t.transfer)}, {"transfer_id", t.transfer},
+                      {"submitted_us", t.submitted_us}, {"engine_kv_us", t.engine_kv_us},
+                      {"rma_posted_us", t.rma_posted_us}, {"rma_done_us", t.rma_done_us},
+                      {"kv_ready_us", t.kv_ready_us}, {"first_output_us", t.first_output_us},
+                      {"ended_us", t.ended_us}});
+  j["recent"] = std::move(recent);  // CLOCK_MONOTONIC microseconds: comparable across this host's processes
   if (faults_ != nullptr)
     j["injected_faults"] = {{"dropped", faults_->counters().dropped},
                             {"duplicated", faults_->counters().duplicated},

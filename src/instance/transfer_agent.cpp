@@ -92,6 +92,9 @@ void TransferAgent::ensure_connected(pd::NodeId node, const std::string& host, u
 void TransferAgent::submit(PdRequest request) {
   post([this, r = std::move(request)]() mutable {
     pd::Message start = start_message(r);
+    TransferTimeline& tl = timeline(r.transfer);
+    tl.transfer = r.transfer;
+    tl.submitted_us = monotonic_us();
     requests_[r.transfer] = std::move(r);
     run([&](pd::Outputs* out) { core().on_message(start, monotonic_ms(), out); });
   });
@@ -247,6 +250,7 @@ void TransferAgent::apply(const pd::Effect& e) {
       bool write = e.kind == EffectKind::kPostWrite;
       pd::TransferId transfer = e.transfer;
       ++counters_.rma_posts;
+      timeline(transfer).rma_posted_us = monotonic_us();
       auto runs = coalesce(e.local_blocks, e.remote_blocks, block_bytes_);
       if (runs.empty()) {
         // A zero-block transfer (N = 1, or a full prefix hit) completes at once.
@@ -268,6 +272,7 @@ void TransferAgent::apply(const pd::Effect& e) {
       if (handed_over_.erase(e.transfer) == 0) engine_.release_transfer_blocks(e.local_blocks);
       return;
     case EffectKind::kStartSiblings:
+      timeline(e.transfer).kv_ready_us = monotonic_us();
       siblings_[e.transfer] = e.siblings;
       engine_.remote_kv_arrived(engine_id(e.transfer));
       // The KV is complete and no peer can reach these blocks any more
@@ -297,11 +302,13 @@ void TransferAgent::on_engine_output(pd::TransferId transfer, RequestOutput&& ou
   switch (out.kv_event) {
     case KvEvent::kPrefillComputed:
       post([this, transfer, blocks = std::move(out.kv_blocks)]() mutable {
+        timeline(transfer).engine_kv_us = monotonic_us();
         run([&](pd::Outputs* o) { prefill_->on_prefill_computed(transfer, std::move(blocks), pd::kNoSlot, monotonic_ms(), o); });
       });
       return;
     case KvEvent::kAllocated:
       post([this, transfer, blocks = std::move(out.kv_blocks), cached = out.kv_cached_blocks]() mutable {
+        timeline(transfer).engine_kv_us = monotonic_us();
         run([&](pd::Outputs* o) {
           decode_->on_blocks_allocated(transfer, std::move(blocks), pd::kNoSlot, cached, monotonic_ms(), o);
         });
@@ -312,11 +319,18 @@ void TransferAgent::on_engine_output(pd::TransferId transfer, RequestOutput&& ou
   }
   bool finished = out.finished;
   bool failed = !out.error.empty();
+  bool has_tokens = std::any_of(out.sequences.begin(), out.sequences.end(),
+                                [](const SequenceDelta& d) { return !d.tokens.empty(); });
+  int64_t output_us = monotonic_us();
   std::vector<int32_t> finished_indexes;
   for (const SequenceDelta& d : out.sequences)
     if (d.finish != FinishReason::kNone) finished_indexes.push_back(d.index);
-  post([this, transfer, finished, failed, finished_indexes, out = std::move(out)]() mutable {
+  post([this, transfer, finished, failed, has_tokens, output_us, finished_indexes, out = std::move(out)]() mutable {
     if (prefill_) return;  // a prefill request's only output is its KV
+    if (has_tokens) {
+      auto tl = timelines_.find(transfer);
+      if (tl != timelines_.end() && tl->second.first_output_us == 0) tl->second.first_output_us = output_us;
+    }
     auto r = requests_.find(transfer);
     if (r != requests_.end() && r->second.sink) r->second.sink(std::move(out));
     auto s = siblings_.find(transfer);
@@ -369,6 +383,7 @@ void TransferAgent::on_event(TransportEvent& e) {
     }
     case TransportEvent::Kind::kRmaDone: {
       if (!e.ok) ++counters_.rma_failures;
+      if (auto tl = timelines_.find(e.tag); tl != timelines_.end()) tl->second.rma_done_us = monotonic_us();
       pd::RmaResult result = e.ok ? pd::RmaResult::kOk : pd::RmaResult::kFailed;
       return run([&](pd::Outputs* out) {
         if (prefill_) prefill_->on_write_done(e.tag, result, now, out);
@@ -443,6 +458,16 @@ void TransferAgent::sweep_requests() {
     return t == nullptr || t->state == pd::DecodeState::kEnded;
   };
   std::erase_if(requests_, [&](const auto& kv) { return ended(kv.first); });
+  for (auto it = timelines_.begin(); it != timelines_.end();) {
+    if (!ended(it->first)) {
+      ++it;
+      continue;
+    }
+    it->second.ended_us = monotonic_us();
+    recent_.push_back(it->second);
+    if (recent_.size() > kRecentTimelines) recent_.pop_front();
+    it = timelines_.erase(it);
+  }
   std::erase_if(engine_started_, [&](pd::TransferId id) { return requests_.count(id) == 0; });
 }
 
@@ -468,6 +493,7 @@ std::optional<TransferAgent::Snapshot> TransferAgent::snapshot(int timeout_ms) {
     s.stats = core().stats();
     s.counters = counters_;
     s.requests_tracked = static_cast<int64_t>(requests_.size());
+    s.recent.assign(recent_.begin(), recent_.end());
     for (const auto& [node, p] : peers_) s.connected_peers.push_back(node);
     promise->set_value(std::move(s));
   });

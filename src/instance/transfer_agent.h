@@ -58,6 +58,20 @@ struct PdRequest {
   OutputSink sink;        // decode: the client's outputs; prefill: unused
 };
 
+// When each step of one transfer happened on this instance, in
+// monotonic_us() time (CLOCK_MONOTONIC: comparable across the processes of
+// one host), 0 for steps it never reached. Where a request's time goes.
+struct TransferTimeline {
+  pd::TransferId transfer = 0;
+  int64_t submitted_us = 0;    // the router's leg arrived
+  int64_t engine_kv_us = 0;    // prefill: KV computed; decode: blocks allocated
+  int64_t rma_posted_us = 0;   // prefill WRITE: put posted; decode READ: get posted
+  int64_t rma_done_us = 0;     // ... and flushed / completed
+  int64_t kv_ready_us = 0;     // decode: siblings started (KV complete)
+  int64_t first_output_us = 0; // decode: the first token left the engine
+  int64_t ended_us = 0;        // the transfer's record went (tombstone swept)
+};
+
 // Counters the agent keeps beyond the core's (debug endpoint, metrics, tests).
 struct AgentCounters {
   std::array<int64_t, transport::kWireErrorCount> wire_errors{};
@@ -108,6 +122,7 @@ class TransferAgent {
     std::vector<pd::NodeId> connected_peers;
     int64_t live_transfers = 0;  // not yet ended
     int64_t requests_tracked = 0;
+    std::vector<TransferTimeline> recent;  // the last kRecentTimelines finished ones, oldest first
   };
   std::optional<Snapshot> snapshot(int timeout_ms = 1000);
 
@@ -140,6 +155,10 @@ class TransferAgent {
   std::map<pd::TransferId, std::vector<pd::SiblingId>> siblings_;
   std::set<pd::TransferId> engine_started_;  // the engine has (or had) the request
   std::set<pd::TransferId> handed_over_;     // decode: blocks given to the engine at StartSiblings
+  std::map<pd::TransferId, TransferTimeline> timelines_;  // live
+  std::deque<TransferTimeline> recent_;                   // finished, bounded
+  static constexpr size_t kRecentTimelines = 64;
+  TransferTimeline& timeline(pd::TransferId t) { return timelines_[t]; }
   struct Peer {
     pd::Epoch epoch = 0;
     transport::WireLimits limits;

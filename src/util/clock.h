@@ -13,6 +13,7 @@ inline int64_t monotonic_ns() {
 }
 
 inline int64_t monotonic_ms() { return monotonic_ns() / 1'000'000; }
+inline int64_t monotonic_us() { return monotonic_ns() / 1'000; }
 
 class Stopwatch {
  public:
