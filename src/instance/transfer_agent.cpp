@@ -161,7 +161,9 @@ void TransferAgent::execute(pd::Outputs& out) {
   // The drivers' contract: effects before messages.
   for (const pd::Effect& e : out.effects) apply(e);
   for (const pd::Message& m : out.messages) send(m);
-  next_wake_ms_ = out.wake_at_ms;
+  // The earliest of every call's wish: calls nest (an effect's engine refusal
+  // runs the core again), and an inner call's earlier timer must not be lost.
+  next_wake_ms_ = std::min(next_wake_ms_, out.wake_at_ms);
   out.clear();
 }
 
@@ -427,7 +429,10 @@ void TransferAgent::loop() {
       delayed_.erase(delayed_.begin() + static_cast<ptrdiff_t>(i));
       c();
     }
-    if (now >= next_wake_ms_) run([&](pd::Outputs* out) { core().on_timer(now, out); });
+    if (now >= next_wake_ms_) {
+      next_wake_ms_ = pd::kNever;  // on_timer reports the next one
+      run([&](pd::Outputs* out) { core().on_timer(now, out); });
+    }
     if (now >= next_sweep_ms_) {
       sweep_requests();
       next_sweep_ms_ = now + 1000;
