@@ -27,6 +27,18 @@ void send_json(httplib::Response& res, int status, const json& body) {
 }
 void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, e.to_json()); }
 
+// The client's body for one leg: the same request, with the transfer's
+// parameters naming the other instance of the pair.
+json leg_body(const json& body, KvTransferParams kp, const InstanceInfo& peer) {
+  kp.peer = peer.node;
+  kp.peer_epoch = peer.epoch;
+  kp.peer_transfer_host = peer.transfer_host;
+  kp.peer_transfer_port = peer.transfer_port;
+  json leg = body;
+  leg["kv_transfer_params"] = to_json(kp);
+  return leg;
+}
+
 // How one attempt at a request ended.
 constexpr int kEndCompleted = 0, kEndFailed = 1, kEndRetried = 2;
 
@@ -330,12 +342,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     kp.budget_ms = config_.request_timeout_ms;
     // The prefill leg: it validates and tokenizes as the decode will, accepts
     // and computes; its answer comes at once.
-    kp.peer = decode->node;
-    kp.peer_epoch = decode->epoch;
-    kp.peer_transfer_host = decode->transfer_host;
-    kp.peer_transfer_port = decode->transfer_port;
-    json prefill_body = body;
-    prefill_body["kv_transfer_params"] = to_json(kp);
+    json prefill_body = leg_body(body, kp, *decode);
     // The prefill's answer is an acceptance, never a stream.
     prefill_body["stream"] = false;
     prefill_body.erase("stream_options");
@@ -367,12 +374,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     }
     // The decode leg, read on its own thread so the client's connection can
     // stream what arrives.
-    kp.peer = prefill->node;
-    kp.peer_epoch = prefill->epoch;
-    kp.peer_transfer_host = prefill->transfer_host;
-    kp.peer_transfer_port = prefill->transfer_port;
-    json decode_body = body;
-    decode_body["kv_transfer_params"] = to_json(kp);
+    json decode_body = leg_body(body, kp, *prefill);
     auto up = std::make_shared<Upstream>();
     // The thread uses the Upstream through a plain pointer: its owner joins it
     // before the Upstream goes (so the thread never holds the last reference).
