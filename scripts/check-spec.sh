@@ -114,6 +114,7 @@ MUTANTS=(
   "MUT_LOCAL_ID_RELEASE READ safety"           # Release with the decode-local id
   "MUT_ONE_TO_ONE_SIBLINGS WRITE safety"       # siblings clobber a 1:1 map
   "MUT_END_CANCELS_RETX WRITE safety"          # ending stops RemoteBlocks retransmits
+  "MUT_FREE_WITHOUT_FENCE WRITE safety"        # a dead prefill's write lands in freed blocks
 )
 ALL_RUNS=("WRITE safety" "WRITE p_released" "WRITE d_released" "WRITE request_ends"
           "READ safety" "READ p_released" "READ d_released" "READ request_ends")
@@ -148,7 +149,9 @@ PROBES=(
   "6 both  free-after-prefill-death"   # decode frees after the lease, request fails
   "7 both  prefill-ended-decode-admitting" # the prefill ended before the decode admitted
   "8 WRITE write-into-quarantine"      # the write lands in quarantined blocks
-  "9 READ  read-fenced-by-revoke"      # a read in flight after the revoke
+  "9 READ  read-in-flight-after-fence" # a dead decode's read outlives the prefill's fence
+  "10 WRITE write-before-fence"        # a dead prefill's write lands while the fence is under way
+  "11 WRITE fenced-write"              # a dead prefill's write arrives after the fence: it fails
 )
 for pr in "${PROBES[@]}"; do
   read -r num modes desc <<<"$pr"

@@ -34,12 +34,17 @@
  *   - Crash: the node stops for ever and its memory is gone (its blocks and
  *     exposures vanish, messages to it vanish).  An RMA it had in flight is
  *     an orphan NIC operation that may still land later unless the target
- *     revoked access.  Each survivor (and the router) declares it dead later,
- *     independently (lease expiry); the survivor revokes access to its own
- *     blocks (RevokeAccess), then frees.
- *   - Blocks, per side: held / exposed to the peer / RMA in flight.  Revoke
- *     fences the peer's RMA: an RMA whose target is no longer exposed
- *     completes with an error and touches nothing.
+ *     has fenced it.  Each survivor (and the router) declares it dead later,
+ *     independently (lease expiry).
+ *   - Fencing (docs/PD_PROTOCOL.md, "Fencing"): there is no per-transfer
+ *     revoke.  A survivor whose blocks are exposed to the dead peer asks for
+ *     a fence of that peer (FencePeer) and keeps the blocks quarantined; the
+ *     fence completes at a nondeterministic later moment (Env), and only then
+ *     may the exposure end and the blocks be freed.  An RMA of the peer that
+ *     arrives before the fence completes lands; after, it fails.
+ *   - Blocks, per side: held / exposed to the peer / RMA in flight.  An RMA
+ *     of an unfenced, live-or-orphaned peer must find its target exposed and
+ *     held (asserted), never freed.
  *   - Tombstones (kEnded) live on: Start/Abort/Release are acked; the peer's
  *     RemoteBlocks / KvAddresses / WriteDone are answered with Release
  *     instead of an Ack (so the peer retransmits until a Release gets
@@ -99,6 +104,8 @@
  *   MUT_ONE_TO_ONE_SIBLINGS  a 1:1 transfer->sibling map: one sibling lost
  *   MUT_END_CANCELS_RETX     ending (Draining/Quarantined) stops retransmitting
  *                            RemoteBlocks / KvAddresses
+ *   MUT_FREE_WITHOUT_FENCE   a dead peer's exposed blocks are made private at
+ *                            once (revoke assumed instant, no fence)
  */
 
 #ifndef MAXFAULTS
@@ -160,6 +167,9 @@ byte faults;
 bool p_held, p_exposed, p_rma;   /* prefill KV blocks; exposed to D; P's write in flight */
 bool d_held, d_exposed, d_rma;   /* decode blocks; exposed to P; D's read in flight */
 bool kv_landed;                  /* P's write landed in D's blocks */
+/* fencing: a fence asked for by D (of P) / by P (of D), and completed */
+bool d_fence_req, p_fenced_by_d, p_fence_req, d_fenced_by_p;
+bool rma_fenced;                 /* an RMA failed because its target had fenced it */
 
 /* nodes and disruptions */
 bool p_alive = 1, d_alive = 1;
@@ -198,6 +208,7 @@ hidden byte id, ri, ok, fin;
 #define M_LOCAL_ID_RELEASE       3   /* Release carries the decode-local id */
 #define M_ONE_TO_ONE_SIBLINGS    4   /* 1:1 transfer -> sibling map */
 #define M_END_CANCELS_RETX       5   /* ending cancels the address retransmission */
+#define M_FREE_WITHOUT_FENCE     6   /* a dead peer's exposed blocks freed unfenced */
 #if defined(MUT_DEFER_EXPIRY)
 #define MUT_DEFAULT M_DEFER_EXPIRY
 #elif defined(MUT_NO_WRITE_FAIL_MSG)
@@ -208,6 +219,8 @@ hidden byte id, ri, ok, fin;
 #define MUT_DEFAULT M_ONE_TO_ONE_SIBLINGS
 #elif defined(MUT_END_CANCELS_RETX)
 #define MUT_DEFAULT M_END_CANCELS_RETX
+#elif defined(MUT_FREE_WITHOUT_FENCE)
+#define MUT_DEFAULT M_FREE_WITHOUT_FENCE
 #else
 #define MUT_DEFAULT M_NONE
 #endif
@@ -259,12 +272,23 @@ end_env:
   :: atomic { !p_alive && !p_dead_at_r -> p_dead_at_r = 1 }
   :: atomic { !d_alive && !d_dead_at_p -> d_dead_at_p = 1 }
   :: atomic { !d_alive && !d_dead_at_r -> d_dead_at_r = 1 }
-  /* orphan RMA of a crashed node: lands unless the target revoked access */
+  /* a fence asked for completes, some time later */
+  :: atomic { d_fence_req && !p_fenced_by_d -> p_fenced_by_d = 1 }
+  :: atomic { p_fence_req && !d_fenced_by_p -> d_fenced_by_p = 1 }
+  /* orphan RMA of a crashed node: lands unless the target fenced it */
   :: atomic { !p_alive && p_rma ->
-       if :: d_exposed -> assert(d_held); kv_landed = 1 :: else -> skip fi;
+       if
+       :: !d_alive -> skip
+       :: d_alive && p_fenced_by_d -> rma_fenced = 1
+       :: else -> assert(d_exposed && d_held); kv_landed = 1
+       fi;
        p_rma = 0 }
   :: atomic { !d_alive && d_rma ->
-       if :: p_exposed -> assert(p_held) :: else -> skip fi;
+       if
+       :: !p_alive -> skip
+       :: p_alive && d_fenced_by_p -> rma_fenced = 1
+       :: else -> assert(p_exposed && p_held)
+       fi;
        d_rma = 0 }
   od
 }
@@ -435,8 +459,9 @@ p_live:
      /* our RMA write completes */
      :: p_rma && (pstate == PrefillWriting || pstate == PrefillDraining) ->
         if
-        :: d_exposed -> assert(d_held); kv_landed = 1; ok = 1   /* lands in held blocks */
-        :: else -> ok = 0                                       /* revoked / gone: error */
+        :: !d_alive -> ok = 0                                   /* gone: error */
+        :: d_alive && p_fenced_by_d -> rma_fenced = 1; ok = 0   /* fenced: error */
+        :: else -> assert(d_exposed && d_held); kv_landed = 1; ok = 1  /* lands in held blocks */
         fi;
         p_rma = 0;
         if
@@ -485,15 +510,22 @@ p_live:
         fi
      /* the request's deadline, at this instance */
      :: deadline_passed && !failed -> failed = 1; p_end()
-     /* the decode is declared dead: revoke, free once our own RMA is over */
+     /* the decode is declared dead: fence it if it can reach our blocks;
+      * free once the fence is complete and our own RMA is over */
      :: d_dead_at_p && !d_dead_seen ->
         d_dead_seen = 1; p_un_kva = 0; p_un_wd = 0;
-        if :: p_exposed -> p_exposed = 0 /* RevokeAccess */ :: else -> skip fi;
         if
-        :: pstate == PrefillWriting -> failed = 1; pstate = PrefillDraining
-        :: pstate == PrefillDraining -> fin = !p_rma
-        :: else -> failed = 1; fin = 1
+        :: p_exposed && mut == M_FREE_WITHOUT_FENCE -> p_exposed = 0   /* MUTATION */
+        :: p_exposed && mut != M_FREE_WITHOUT_FENCE -> p_fence_req = 1
+        :: else -> skip
+        fi;
+        if
+        :: pstate == PrefillDraining -> fin = !p_rma && !p_exposed
+        :: else -> failed = 1; p_end()
         fi
+     /* the fence of the decode completed: our blocks are private again */
+     :: d_fenced_by_p && p_exposed -> p_exposed = 0;
+        if :: pstate == PrefillDraining -> fin = !p_rma :: else -> skip fi
      /* retransmissions */
      :: p_un_kva && !d_dead_at_p && LOSTP(p2d, KvAddresses, d2p) ->
         send(p2d, d_alive, KvAddresses, TID, NONE)
@@ -667,8 +699,9 @@ d_live:
      /* our RMA read completes */
      :: d_rma && (dstate == DecodeReading || dstate == DecodeQuarantined) ->
         if
-        :: p_exposed -> assert(p_held); ok = 1   /* reads held prefill blocks */
-        :: else -> ok = 0                        /* revoked / gone: error */
+        :: !p_alive -> ok = 0                                   /* gone: error */
+        :: p_alive && d_fenced_by_p -> rma_fenced = 1; ok = 0   /* fenced: error */
+        :: else -> assert(p_exposed && p_held); ok = 1          /* reads held prefill blocks */
         fi;
         d_rma = 0;
         if
@@ -720,16 +753,22 @@ d_live:
         :: else -> skip
         fi
      :: deadline_passed && !failed -> failed = 1; d_end()
-     /* the prefill is declared dead */
+     /* the prefill is declared dead: fence it if it can reach our blocks */
      :: p_dead_at_d && !p_dead_seen ->
         p_dead_seen = 1; d_un_rb = 0; d_un_rel = 0;
-        if :: d_exposed -> d_exposed = 0 /* RevokeAccess */ :: else -> skip fi;
+        if
+        :: d_exposed && mut == M_FREE_WITHOUT_FENCE -> d_exposed = 0   /* MUTATION */
+        :: d_exposed && mut != M_FREE_WITHOUT_FENCE -> d_fence_req = 1
+        :: else -> skip
+        fi;
         if
         :: dstate == DecodeDecoding -> skip   /* the KV is already here: keep decoding */
-        :: dstate == DecodeReading -> failed = 1; dstate = DecodeQuarantined
-        :: dstate == DecodeQuarantined -> fin = !d_rma
-        :: else -> failed = 1; fin = 1
+        :: dstate == DecodeQuarantined -> fin = !d_rma && !d_exposed
+        :: else -> failed = 1; d_end()
         fi
+     /* the fence of the prefill completed: our blocks are private again */
+     :: p_fenced_by_d && d_exposed -> d_exposed = 0;
+        if :: dstate == DecodeQuarantined -> fin = !d_rma :: else -> skip fi
      :: d_un_rb && !p_dead_at_d && LOSTP(d2p, RemoteBlocks, p2d) ->
         send(d2p, p_alive, RemoteBlocks, xfer_of_local, NONE)
      :: d_un_rel && !p_dead_at_d && LOST(d2p, Release, p2d) ->
@@ -792,7 +831,7 @@ c_code {
   static const char *const pd_spec_modes[] = { 0, "WRITE", "READ" };
   static const char *const pd_spec_muts[] = { "", "MUT_DEFER_EXPIRY",
     "MUT_NO_WRITE_FAIL_MSG", "MUT_LOCAL_ID_RELEASE", "MUT_ONE_TO_ONE_SIBLINGS",
-    "MUT_END_CANCELS_RETX" };
+    "MUT_END_CANCELS_RETX", "MUT_FREE_WITHOUT_FENCE" };
 }
 #endif
 
@@ -802,7 +841,7 @@ init {
 #ifdef RUNTIME_SELECT
     c_code {
       now.mode = pd_spec_env("PD_SPEC_MODE", pd_spec_modes, 3, 0);
-      now.mut = pd_spec_env("PD_SPEC_MUT", pd_spec_muts, 6, now.mut);
+      now.mut = pd_spec_env("PD_SPEC_MUT", pd_spec_muts, 7, now.mut);
       { const char *v = getenv("PD_SPEC_PROBE"); if (v && *v) now.probe = atoi(v); }
     };
 #endif
@@ -839,7 +878,9 @@ init {
   (probe == 6 && p_dead_at_d && !d_held && dstate == DecodeEnded && rstate == RouterFailed) || \
   (probe == 7 && pstate == PrefillEnded && dstate == DecodeAdmitting) || \
   (probe == 8 && mode == WRITE && kv_landed && dstate == DecodeQuarantined) || \
-  (probe == 9 && mode == READ && d_rma && !p_exposed) )
+  (probe == 9 && mode == READ && d_rma && !p_exposed) || \
+  (probe == 10 && mode == WRITE && kv_landed && d_fence_req && !p_fenced_by_d) || \
+  (probe == 11 && mode == WRITE && rma_fenced) )
 active proctype Probe() {
 end_probe:
   if :: PROBE_HIT -> assert(false) fi

@@ -237,12 +237,12 @@ TEST(PdProtocol, QuarantineHoldsBlocksWhileThePeerLives) {
   }
   decode.on_message(peer_message(MessageKind::kRelease, kPrefill, kDecode), 30'100, &out);
   ASSERT_EQ(out.effects.size(), 2u);
-  EXPECT_EQ(out.effects[0].kind, EffectKind::kRevokeAccess);
+  EXPECT_EQ(out.effects[0].kind, EffectKind::kEndExposure);
   EXPECT_EQ(out.effects[1].kind, EffectKind::kFree);
   EXPECT_EQ(decode.blocks_held(), 0);
 }
 
-TEST(PdProtocol, QuarantineEndsWhenThePeerIsDeclaredDead) {
+TEST(PdProtocol, QuarantineEndsWhenThePeerIsDeclaredDeadAndFenced) {
   ProtocolConfig config;
   DecodeSide decode(kDecode, 1, 256, config);
   Outputs out;
@@ -254,11 +254,76 @@ TEST(PdProtocol, QuarantineEndsWhenThePeerIsDeclaredDead) {
   decode.on_message(abort, 100, &out);
   out.clear();
   // The prefill is never heard from: its lease (started by the Start) expires.
+  // A dead peer may still be writing (a partition, a NIC queue): the blocks
+  // stay until the driver has fenced it.
   decode.on_timer(config.lease_ms + 1, &out);
-  ASSERT_NE(find_effect(out, EffectKind::kRevokeAccess), nullptr);
+  const Effect* fence = find_effect(out, EffectKind::kFencePeer);
+  ASSERT_NE(fence, nullptr);
+  EXPECT_EQ(fence->peer, kPrefill);
+  EXPECT_EQ(fence->peer_epoch, 1u);
+  EXPECT_EQ(find_effect(out, EffectKind::kFree), nullptr);
+  EXPECT_EQ(decode.find(kTransfer)->state, DecodeState::kQuarantined);
+  EXPECT_EQ(decode.fences_pending().size(), 1u);
+  out.clear();
+  // Time alone frees nothing, and the fence is asked for once.
+  for (TimeMs t = config.lease_ms + 500; t <= 60'000; t += 500) decode.on_timer(t, &out);
+  EXPECT_EQ(find_effect(out, EffectKind::kFree), nullptr);
+  EXPECT_EQ(find_effect(out, EffectKind::kFencePeer), nullptr);
+  out.clear();
+  decode.on_peer_fenced(kPrefill, 1, 60'100, &out);
+  ASSERT_NE(find_effect(out, EffectKind::kEndExposure), nullptr);
   ASSERT_NE(find_effect(out, EffectKind::kFree), nullptr);
-  EXPECT_LT(find_effect(out, EffectKind::kRevokeAccess) - out.effects.data(),
+  EXPECT_LT(find_effect(out, EffectKind::kEndExposure) - out.effects.data(),
             find_effect(out, EffectKind::kFree) - out.effects.data());
+  EXPECT_EQ(decode.blocks_held(), 0);
+  EXPECT_TRUE(decode.fences_pending().empty());
+}
+
+// A peer that restarted (a newer epoch of the same node) is gone with its
+// process: that retires the old incarnation at once, no fence needed.
+TEST(PdProtocol, APeerRestartedInANewEpochNeedsNoFence) {
+  ProtocolConfig config;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
+  out.clear();
+  Message hb = heartbeat(kPrefill, kDecode, Role::kPrefill);
+  hb.from_epoch = 2;
+  decode.on_message(hb, 500, &out);
+  EXPECT_EQ(find_effect(out, EffectKind::kFencePeer), nullptr);
+  EXPECT_NE(find_effect(out, EffectKind::kFree), nullptr);
+  EXPECT_EQ(decode.find(kTransfer)->end_reason, EndReason::kPeerDead);
+  EXPECT_EQ(decode.blocks_held(), 0);
+}
+
+// While a fence is under way the incarnation stays dead: a transfer naming it
+// fails at once, its heartbeats do not revive it. Once fenced it may come
+// back (on a new connection, which its old addresses cannot use).
+TEST(PdProtocol, AnIncarnationBeingFencedTakesNoNewTransfer) {
+  ProtocolConfig config;
+  DecodeSide decode(kDecode, 1, 256, config);
+  Outputs out;
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
+  decode.on_timer(config.lease_ms + 1, &out);
+  ASSERT_NE(find_effect(out, EffectKind::kFencePeer), nullptr);
+  out.clear();
+  decode.on_message(heartbeat(kPrefill, kDecode, Role::kPrefill), config.lease_ms + 10, &out);
+  EXPECT_EQ(decode.stats().drops[static_cast<int>(DropReason::kStaleEpoch)], 1);
+  Message second = start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1);
+  second.transfer = kTransfer + 1;
+  decode.on_message(second, config.lease_ms + 20, &out);
+  EXPECT_EQ(decode.find(kTransfer + 1)->end_reason, EndReason::kPeerDead);
+  EXPECT_EQ(find_effect(out, EffectKind::kAllocate), nullptr);
+  decode.on_peer_fenced(kPrefill, 1, config.lease_ms + 30, &out);
+  out.clear();
+  decode.on_message(heartbeat(kPrefill, kDecode, Role::kPrefill), config.lease_ms + 40, &out);
+  Message third = start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1);
+  third.transfer = kTransfer + 2;
+  decode.on_message(third, config.lease_ms + 50, &out);
+  EXPECT_NE(find_effect(out, EffectKind::kAllocate), nullptr);
+  EXPECT_FALSE(decode.find(kTransfer + 2)->ending);
 }
 
 TEST(PdProtocol, MutationFreeQuarantineOnTimeoutFreesWithoutRevoking) {
@@ -276,7 +341,7 @@ TEST(PdProtocol, MutationFreeQuarantineOnTimeoutFreesWithoutRevoking) {
   decode.on_message(heartbeat(kPrefill, kDecode, Role::kPrefill), 2'000, &out);
   decode.on_timer(2'200, &out);
   EXPECT_NE(find_effect(out, EffectKind::kFree), nullptr);
-  EXPECT_EQ(find_effect(out, EffectKind::kRevokeAccess), nullptr);
+  EXPECT_EQ(find_effect(out, EffectKind::kEndExposure), nullptr);
 }
 
 // A write that cannot be posted ends the transfer on both sides at once: the
@@ -528,10 +593,18 @@ TEST(PdProtocolLongRuns, TheRetransmitLimitEndsAnUnacknowledgedTransfer) {
   EXPECT_EQ(t->end_reason, EndReason::kRetransmitLimit);
   EXPECT_GE(decode.stats().retransmit_exhausted, 1);  // then its Release and the unanswered Outcome too
   // It told the live prefill to stop, waited (quarantine) for it, then, with
-  // its Release unanswered for max_retransmits too, treated it as dead.
-  EXPECT_EQ(t->state, DecodeState::kEnded);
+  // its Release unanswered for max_retransmits too, treated it as dead: the
+  // whole peer is fenced (there is no per-transfer revoke), and the blocks
+  // are freed once the fence completes.
+  EXPECT_EQ(t->state, DecodeState::kQuarantined);
   EXPECT_TRUE(t->peer_dead);
-  ASSERT_NE(find_effect(all, EffectKind::kFree), nullptr);
+  ASSERT_NE(find_effect(all, EffectKind::kFencePeer), nullptr);
+  EXPECT_EQ(find_effect(all, EffectKind::kFree), nullptr);
+  EXPECT_EQ(decode.blocks_held(), 3);
+  out.clear();
+  decode.on_peer_fenced(kPrefill, 1, 60'100, &out);
+  EXPECT_EQ(decode.find(kTransfer)->state, DecodeState::kEnded);
+  ASSERT_NE(find_effect(out, EffectKind::kFree), nullptr);
   EXPECT_EQ(decode.blocks_held(), 0);
 }
 

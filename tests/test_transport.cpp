@@ -420,6 +420,12 @@ const TransportEvent* find_event(const Endpoint& e, TransportEvent::Kind kind, u
   return nullptr;
 }
 
+// The connection a side's peer addresses came on (its one hand-shake).
+uint64_t conn(const Endpoint& e) {
+  const TransportEvent* c = find_event(e, TransportEvent::Kind::kConnected);
+  return c != nullptr ? c->connection : 0;
+}
+
 std::string describe_events(const Endpoint& e) {
   std::string s;
   for (const TransportEvent& ev : e.events) s += std::to_string(static_cast<int>(ev.kind)) + ":" + ev.detail + "; ";
@@ -461,7 +467,7 @@ TEST_P(UcxTransportTest, MovesMessagesAndRunsOfBlocks) {
   // Blocks 1-3 to decode blocks 10-12, block 20 to decode block 5.
   std::vector<RmaRun> runs = {{1 * kBlockBytes, 10 * kBlockBytes, 3 * kBlockBytes},
                               {20 * kBlockBytes, 5 * kBlockBytes, 1 * kBlockBytes}};
-  prefill.transport->post(3, RmaOp::kPut, runs, 77, monotonic_ms() + 5000);
+  prefill.transport->post(3, RmaOp::kPut, runs, 77, monotonic_ms() + 5000, conn(prefill));
   ASSERT_TRUE(pump(prefill, decode, [&] { return find_event(prefill, TransportEvent::Kind::kRmaDone, 77); }));
   ASSERT_TRUE(find_event(prefill, TransportEvent::Kind::kRmaDone, 77)->ok)
       << find_event(prefill, TransportEvent::Kind::kRmaDone, 77)->detail;
@@ -476,7 +482,7 @@ TEST_P(UcxTransportTest, MovesMessagesAndRunsOfBlocks) {
   }
   // READ: the decode pulls prefill blocks 30-31 into its blocks 40-41.
   decode.transport->post(2, RmaOp::kGet, {{40 * kBlockBytes, 30 * kBlockBytes, 2 * kBlockBytes}}, 78,
-                         monotonic_ms() + 5000);
+                         monotonic_ms() + 5000, conn(decode));
   ASSERT_TRUE(pump(prefill, decode, [&] { return find_event(decode, TransportEvent::Kind::kRmaDone, 78); }));
   ASSERT_TRUE(find_event(decode, TransportEvent::Kind::kRmaDone, 78)->ok);
   EXPECT_EQ(std::memcmp(decode.pool.data() + 40 * kBlockBytes, prefill.pool.data() + 30 * kBlockBytes, 2 * kBlockBytes), 0);
@@ -488,8 +494,8 @@ TEST_P(UcxTransportTest, RunsOutsideAPoolFailWithoutTouchingMemory) {
   Endpoint prefill = make_endpoint(2, pd::Role::kPrefill, "k", GetParam(), 0x11);
   Endpoint decode = make_endpoint(3, pd::Role::kDecode, "k", GetParam(), 0x00);
   ASSERT_TRUE(connect_pair(prefill, decode));
-  prefill.transport->post(3, RmaOp::kPut, {{0, (kBlocks - 1) * kBlockBytes, 2 * kBlockBytes}}, 5, monotonic_ms() + 5000);
-  prefill.transport->post(9, RmaOp::kPut, {{0, 0, kBlockBytes}}, 6, monotonic_ms() + 5000);
+  prefill.transport->post(3, RmaOp::kPut, {{0, (kBlocks - 1) * kBlockBytes, 2 * kBlockBytes}}, 5, monotonic_ms() + 5000, conn(prefill));
+  prefill.transport->post(9, RmaOp::kPut, {{0, 0, kBlockBytes}}, 6, monotonic_ms() + 5000, conn(prefill));
   ASSERT_TRUE(pump(prefill, decode, [&] {
     return find_event(prefill, TransportEvent::Kind::kRmaDone, 5) && find_event(prefill, TransportEvent::Kind::kRmaDone, 6);
   }));
@@ -593,16 +599,16 @@ TEST(UcxTransport, AFencedPeersLateWriteNeverLands) {
   Endpoint decode = make_endpoint(3, pd::Role::kDecode, "k", "tcp", 0x00);
   ASSERT_TRUE(decode.transport->fences_by_close());
   ASSERT_TRUE(connect_pair(prefill, decode));
-  decode.transport->fence(2);
+  decode.transport->fence(2, 1);
   ASSERT_TRUE(pump(prefill, decode, [&] { return find_event(decode, TransportEvent::Kind::kPeerFenced); }));
   EXPECT_EQ(find_event(decode, TransportEvent::Kind::kPeerFenced)->detail, "endpoint force-closed");
   // The prefill posts before and after it has noticed: either way nothing lands.
-  prefill.transport->post(3, RmaOp::kPut, {{0, 0, 8 * kBlockBytes}}, 9, monotonic_ms() + 3000);
+  prefill.transport->post(3, RmaOp::kPut, {{0, 0, 8 * kBlockBytes}}, 9, monotonic_ms() + 3000, conn(prefill));
   prefill.transport->send(3, encode_message(sample_message()));
   ASSERT_TRUE(pump(prefill, decode, [&] { return find_event(prefill, TransportEvent::Kind::kRmaDone, 9); }));
   EXPECT_FALSE(find_event(prefill, TransportEvent::Kind::kRmaDone, 9)->ok);
   ASSERT_TRUE(pump(prefill, decode, [&] { return find_event(prefill, TransportEvent::Kind::kPeerFailed); }));
-  prefill.transport->post(3, RmaOp::kPut, {{0, 0, 8 * kBlockBytes}}, 10, monotonic_ms() + 3000);
+  prefill.transport->post(3, RmaOp::kPut, {{0, 0, 8 * kBlockBytes}}, 10, monotonic_ms() + 3000, conn(prefill));
   ASSERT_TRUE(pump(prefill, decode, [&] { return find_event(prefill, TransportEvent::Kind::kRmaDone, 10); }));
   EXPECT_FALSE(find_event(prefill, TransportEvent::Kind::kRmaDone, 10)->ok);
   pump(prefill, decode, [] { return false; }, 200);
@@ -617,7 +623,7 @@ TEST(UcxTransport, SharedMemoryPeersAreFencedOnlyByTheirExit) {
   Endpoint decode = make_endpoint(3, pd::Role::kDecode, "k", "tcp,sm,self", 0x00);
   ASSERT_FALSE(decode.transport->fences_by_close());
   ASSERT_TRUE(connect_pair(prefill, decode));
-  decode.transport->fence(2);
+  decode.transport->fence(2, 1);
   pump(prefill, decode, [] { return false; }, 300);
   EXPECT_EQ(find_event(decode, TransportEvent::Kind::kPeerFenced), nullptr);
 }

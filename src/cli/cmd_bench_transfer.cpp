@@ -49,14 +49,15 @@ std::unique_ptr<UcxTransport> make(const TransferArgs& a, pd::NodeId node, std::
 
 // Bytes per second of back-to-back operations, each `runs` (one flush each),
 // for about `seconds`.
-double measure(UcxTransport& t, RmaOp op, const std::function<std::vector<RmaRun>()>& runs, double seconds) {
+double measure(UcxTransport& t, uint64_t connection, RmaOp op, const std::function<std::vector<RmaRun>()>& runs,
+               double seconds) {
   std::vector<TransportEvent> events;
   uint64_t tag = 0, bytes = 0;
   Stopwatch clock;
   while (clock.elapsed_s() < seconds) {
     std::vector<RmaRun> r = runs();
     for (const RmaRun& run : r) bytes += run.size_bytes;
-    t.post(2, op, r, ++tag, monotonic_ms() + 10'000);
+    t.post(2, op, r, ++tag, monotonic_ms() + 10'000, connection);
     for (bool done = false; !done;) {
       events.clear();
       t.poll(10, &events);
@@ -100,8 +101,10 @@ void run(const TransferArgs& a) {
     if (std::any_of(events.begin(), events.end(), [](auto& e) { return e.kind == TransportEvent::Kind::kConnected; }))
       break;
   }
-  if (!std::any_of(events.begin(), events.end(), [](auto& e) { return e.kind == TransportEvent::Kind::kConnected; }))
-    throw Error("bench transfer: the two transports did not connect");
+  auto connected = std::find_if(events.begin(), events.end(),
+                                [](auto& e) { return e.kind == TransportEvent::Kind::kConnected; });
+  if (connected == events.end()) throw Error("bench transfer: the two transports did not connect");
+  uint64_t connection = connected->connection;
 
   uint64_t run_bytes = uint64_t(a.run_kb) * 1024;
   uint64_t window = run_bytes * a.runs_per_op;
@@ -122,11 +125,11 @@ void run(const TransferArgs& a) {
     return r;
   };
   // Warm-up: registration caches and connections.
-  measure(*initiator, RmaOp::kPut, fixed_runs, 0.2);
-  double put = measure(*initiator, RmaOp::kPut, fixed_runs, a.seconds);
-  double get = measure(*initiator, RmaOp::kGet, fixed_runs, a.seconds);
-  double put_req = measure(*initiator, RmaOp::kPut, request_runs, a.seconds);
-  double get_req = measure(*initiator, RmaOp::kGet, request_runs, a.seconds);
+  measure(*initiator, connection, RmaOp::kPut, fixed_runs, 0.2);
+  double put = measure(*initiator, connection, RmaOp::kPut, fixed_runs, a.seconds);
+  double get = measure(*initiator, connection, RmaOp::kGet, fixed_runs, a.seconds);
+  double put_req = measure(*initiator, connection, RmaOp::kPut, request_runs, a.seconds);
+  double get_req = measure(*initiator, connection, RmaOp::kGet, request_runs, a.seconds);
   const double mb = 1e6;
   if (a.json) {
     std::printf(

@@ -178,6 +178,8 @@ std::string PdInstance::debug_json() {
     wire[std::string(transport::name(static_cast<transport::WireError>(i)))] = s->counters.wire_errors[static_cast<size_t>(i)];
   json peers = json::array();
   for (pd::NodeId p : s->connected_peers) peers.push_back(p);
+  json fencing = json::array();
+  for (const auto& [node, epoch] : s->fences_pending) fencing.push_back({{"node", node}, {"epoch", epoch}});
   json j = {{"role", std::string(pd::name(options_.role))},
             {"node", options_.node},
             {"epoch", epoch_},
@@ -193,7 +195,10 @@ std::string PdInstance::debug_json() {
             {"peer_deaths", s->stats.peer_deaths},
             {"rma_posts", s->counters.rma_posts},
             {"rma_failures", s->counters.rma_failures},
+            {"fences_requested", s->counters.fences_requested},
+            {"fences_completed", s->counters.fences_completed},
             {"connected_peers", peers},
+            {"fences_pending", fencing},
             {"requests_tracked", s->requests_tracked}};
   json recent = json::array();
   for (const instance::TransferTimeline& t : s->recent)
@@ -206,7 +211,8 @@ std::string PdInstance::debug_json() {
   if (faults_ != nullptr)
     j["injected_faults"] = {{"dropped", faults_->counters().dropped},
                             {"duplicated", faults_->counters().duplicated},
-                            {"delayed", faults_->counters().delayed}};
+                            {"delayed", faults_->counters().delayed},
+                            {"lost_with_connection", faults_->counters().lost_with_connection}};
   return j.dump();
 }
 

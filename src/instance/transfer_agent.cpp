@@ -1,6 +1,7 @@
 #include "instance/transfer_agent.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <condition_variable>
 #include <future>
 
@@ -244,8 +245,16 @@ void TransferAgent::apply(const pd::Effect& e) {
       // the protocol's quarantine and, when it ends, by fencing the peer.
       ++counters_.exposes;
       return;
-    case EffectKind::kRevokeAccess:
-      ++counters_.revokes;
+    case EffectKind::kEndExposure:
+      ++counters_.exposures_ended;
+      return;
+    case EffectKind::kFencePeer:
+      ++counters_.fences_requested;
+      std::fprintf(stderr,
+                   "tandem serve: fencing node %u epoch %u: it is dead or silent to us while our memory is "
+                   "exposed to it; that memory stays quarantined until the fence completes\n",
+                   e.peer, e.peer_epoch);
+      transport_->fence(e.peer, e.peer_epoch);
       return;
     case EffectKind::kPostWrite:
     case EffectKind::kPostRead: {
@@ -264,8 +273,10 @@ void TransferAgent::apply(const pd::Effect& e) {
         });
         return;
       }
+      auto conn = address_connection_.find(transfer);
       transport_->post(e.peer, write ? transport::RmaOp::kPut : transport::RmaOp::kGet, std::move(runs), transfer,
-                       monotonic_ms() + config_.rma_timeout_ms);
+                       monotonic_ms() + config_.rma_timeout_ms,
+                       conn == address_connection_.end() ? 0 : conn->second);
       return;
     }
     case EffectKind::kFree:
@@ -381,10 +392,23 @@ void TransferAgent::on_event(TransportEvent& e) {
         ++counters_.spoofed_frames;
         return;
       }
-      return run([&](pd::Outputs* out) { core().on_message(m, now, out); });
+      bool addresses = m.kind == MessageKind::kRemoteBlocks || m.kind == MessageKind::kKvAddresses;
+      run([&](pd::Outputs* out) { core().on_message(m, now, out); });
+      // Bind the transfer's RMA to the connection its addresses came on (the
+      // first copy the core accepted; later duplicates change nothing).
+      if (addresses && address_connection_.count(m.transfer) == 0) {
+        const pd::TransferBase* t = prefill_ ? static_cast<const pd::TransferBase*>(prefill_->find(m.transfer))
+                                             : static_cast<const pd::TransferBase*>(decode_->find(m.transfer));
+        if (t != nullptr && t->addresses_known) address_connection_[m.transfer] = e.connection;
+      }
+      return;
     }
     case TransportEvent::Kind::kRmaDone: {
-      if (!e.ok) ++counters_.rma_failures;
+      if (!e.ok) {
+        ++counters_.rma_failures;
+        std::fprintf(stderr, "tandem serve: transfer %s: RMA with node %u failed: %s\n",
+                     pd::transfer_name(e.tag).c_str(), e.peer, e.detail.c_str());
+      }
       if (auto tl = timelines_.find(e.tag); tl != timelines_.end()) tl->second.rma_done_us = monotonic_us();
       pd::RmaResult result = e.ok ? pd::RmaResult::kOk : pd::RmaResult::kFailed;
       return run([&](pd::Outputs* out) {
@@ -401,8 +425,12 @@ void TransferAgent::on_event(TransportEvent& e) {
       core().set_heartbeat_targets(std::move(targets));
       return;
     }
-    case TransportEvent::Kind::kRefused:
     case TransportEvent::Kind::kPeerFenced:
+      ++counters_.fences_completed;
+      std::fprintf(stderr, "tandem serve: node %u epoch %u fenced (%s): the memory exposed to it is freed\n", e.peer,
+                   e.peer_epoch, e.detail.c_str());
+      return run([&](pd::Outputs* out) { core().on_peer_fenced(e.peer, e.peer_epoch, now, out); });
+    case TransportEvent::Kind::kRefused:
       // Liveness is the core's: a failed peer stops heartbeating and its lease
       // expires within lease_ms.
       return;
@@ -474,6 +502,7 @@ void TransferAgent::sweep_requests() {
     it = timelines_.erase(it);
   }
   std::erase_if(engine_started_, [&](pd::TransferId id) { return requests_.count(id) == 0; });
+  std::erase_if(address_connection_, [&](const auto& kv) { return requests_.count(kv.first) == 0; });
 }
 
 std::optional<TransferAgent::Snapshot> TransferAgent::snapshot(int timeout_ms) {
@@ -500,6 +529,7 @@ std::optional<TransferAgent::Snapshot> TransferAgent::snapshot(int timeout_ms) {
     s.requests_tracked = static_cast<int64_t>(requests_.size());
     s.recent.assign(recent_.begin(), recent_.end());
     for (const auto& [node, p] : peers_) s.connected_peers.push_back(node);
+    s.fences_pending.assign(core().fences_pending().begin(), core().fences_pending().end());
     promise->set_value(std::move(s));
   });
   if (future.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) return std::nullopt;

@@ -80,7 +80,9 @@ struct AgentCounters {
   int64_t rma_posts = 0;
   int64_t rma_failures = 0;
   int64_t exposes = 0;
-  int64_t revokes = 0;
+  int64_t exposures_ended = 0;
+  int64_t fences_requested = 0;
+  int64_t fences_completed = 0;
   int64_t blocks_freed = 0;
 };
 
@@ -120,6 +122,8 @@ class TransferAgent {
     AgentCounters counters;
     int64_t blocks_held = 0;
     std::vector<pd::NodeId> connected_peers;
+    // Peer incarnations being fenced (memory exposed to them stays quarantined).
+    std::vector<std::pair<pd::NodeId, pd::Epoch>> fences_pending;
     int64_t live_transfers = 0;  // not yet ended
     int64_t requests_tracked = 0;
     std::vector<TransferTimeline> recent;  // the last kRecentTimelines finished ones, oldest first
@@ -164,6 +168,9 @@ class TransferAgent {
     transport::WireLimits limits;
   };
   std::map<pd::NodeId, Peer> peers_;
+  // The connection each transfer's peer addresses came on: its RMA may use
+  // only that one (a fence cuts it, and the memory may be reused after).
+  std::map<pd::TransferId, uint64_t> address_connection_;
   std::map<pd::NodeId, pd::TimeMs> connecting_since_ms_;
   std::vector<std::pair<pd::TimeMs, Closure>> delayed_;  // test_admission_delay_ms
   pd::TimeMs next_wake_ms_ = 0;

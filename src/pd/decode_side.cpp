@@ -186,7 +186,7 @@ void DecodeSide::on_write_done(DecodeTransfer& t, const Message& m, TimeMs now_m
   t.peer_released = true;
   t.outbox.drop_kind(MessageKind::kRemoteBlocks);
   if (t.ending) return try_finish_end(t, now_ms, out);
-  revoke_access(t, out);
+  end_exposure(t, out);
   kv_ready(t, now_ms, out);
 }
 
@@ -342,15 +342,12 @@ void DecodeSide::end_transfer(DecodeTransfer& t, EndReason reason, TimeMs now_ms
 
 void DecodeSide::try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out) {
   if (t.state == DecodeState::kEnded) return;
-  bool peer_can_reach = t.exposed && !t.peer_released && !t.peer_dead;
-  if (t.rma_in_flight || peer_can_reach) {
+  if (must_hold(t, now_ms, out)) {
     if (t.state != DecodeState::kQuarantined) {
       ++stats_.quarantines;
       set_state(t, DecodeState::kQuarantined, now_ms);
       t.quarantined_ms = now_ms;
     }
-    // Tell the prefill to stop (it answers with its own Release once its write is over).
-    if (!t.release_sent && !forgot_us(t) && !t.rma_in_flight) send_release(t, now_ms, out);
     bool mutation_timeout = config_.mutation == Mutation::kFreeQuarantineOnTimeout &&
                             !t.rma_in_flight &&
                             now_ms >= t.quarantined_ms + config_.mutation_quarantine_timeout_ms;
@@ -361,23 +358,17 @@ void DecodeSide::try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out) 
     // Mutation 4: give the blocks back while the live prefill can still write them.
     t.exposed = false;
   }
-  revoke_access(t, out);
-  free_held(t, out);
-  t.outbox.drop_kind(MessageKind::kRemoteBlocks);
-  // In READ the prefill exposes its blocks before it sends their addresses
-  // (which we may never have received): it waits for our Release.
-  bool peer_exposed_to_us = t.mode == TransferMode::kRead;
-  if (!t.release_sent && !forgot_us(t) && (!t.peer_released || peer_exposed_to_us)) {
-    if (t.mode == TransferMode::kRead && config_.mutation == Mutation::kReleaseWithLocalId) {
-      release_to_prefill(t, now_ms, out);
-    } else {
-      send_release(t, now_ms, out);
-    }
-  }
-  if (forgot_us(t)) t.outbox.drop_to(t.peer, t.peer_epoch);
-  t.ended_ms = now_ms;
+  // In READ the prefill exposed its blocks to us.
+  release_held(t, MessageKind::kRemoteBlocks, t.mode == TransferMode::kRead, now_ms, out);
   set_state(t, DecodeState::kEnded, now_ms);
   schedule_next(t);
+}
+
+void DecodeSide::send_final_release(TransferBase& base, TimeMs now_ms, Outputs* out) {
+  auto& t = static_cast<DecodeTransfer&>(base);
+  if (t.mode == TransferMode::kRead && config_.mutation == Mutation::kReleaseWithLocalId)
+    return release_to_prefill(t, now_ms, out);
+  send_release(t, now_ms, out);
 }
 
 void DecodeSide::schedule_next(DecodeTransfer& t) {
@@ -417,10 +408,15 @@ void DecodeSide::service(TransferId transfer, TimeMs now_ms, Outputs* out) {
 void DecodeSide::on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) {
   for (auto& [id, t] : transfers_) {
     if (t.peer != death.node || t.peer_epoch != death.epoch) continue;
+    if (death.fenced) t.peer_fenced = true;
     // A lease can expire on a live peer cut off for a while: keep telling it
     // (it may still wait for us), unless it restarted and forgot everything.
     if (forgot_us(t)) t.outbox.drop_to(death.node, death.epoch);
-    if (t.peer_dead) continue;
+    if (t.peer_dead) {
+      // Already ending on its death; a completed fence may let it finish.
+      if (t.ending) try_finish_end(t, now_ms, out);
+      continue;
+    }
     t.peer_dead = true;
     if (t.state == DecodeState::kDecoding) {
       // The KV is here: the prefill is no longer needed, the request goes on.

@@ -65,6 +65,7 @@ class DecodeSide : public NodeCore {
   Outbox* outbox_of(TransferId transfer) override;
   void service(TransferId transfer, TimeMs now_ms, Outputs* out) override;
   void on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) override;
+  void send_final_release(TransferBase& t, TimeMs now_ms, Outputs* out) override;
 
  private:
   void on_start(const Message& message, TimeMs now_ms, Outputs* out);

@@ -67,15 +67,19 @@ enum class EffectKind : uint8_t {
   kComputePrefill,  // prefill engine: allocate and compute prompt_tokens-1 tokens' KV (+ state)
   kAllocate,        // decode engine: admit and allocate n_blocks (+ a state slot)
   kCancel,          // engine: drop a pending compute/allocation; nothing will be reported
-  kExpose,          // register blocks/slot for the peer's RMA for this transfer
-  kRevokeAccess,    // unregister: the peer can no longer reach this transfer's memory
+  kExpose,          // these blocks/slot may now be reached by the peer's RMA (for this transfer)
+  kEndExposure,     // the peer can no longer reach them: it released them, or it is fenced.
+                    // Bookkeeping only: no per-transfer revoke exists (the pool is
+                    // registered once); access ends per peer, by kFencePeer
+  kFencePeer,       // cut off the peer incarnation (peer, peer_epoch) so that none of
+                    // its RMA reaches our memory any more; report on_peer_fenced() once so
   kPostWrite,       // RMA write local blocks -> peer's blocks (prefill, WRITE)
   kPostRead,        // RMA read peer's blocks -> local blocks (decode, READ)
   kFree,            // return blocks/slot to the pool
   kStartSiblings,   // decode engine: compute token N, sample, decode each sibling
   kStopSiblings,    // decode engine: stop these siblings; no more reports for them
 };
-constexpr int kEffectKindCount = 10;
+constexpr int kEffectKindCount = 11;
 std::string_view name(EffectKind kind);
 
 struct Effect {

@@ -53,7 +53,8 @@ std::string_view name(Mutation v) {
   return lookup(std::array<std::string_view, kMutationCount>{
                     "none", "fixed-defer-expiry", "one-to-one-sibling-map",
                     "release-with-local-id", "free-quarantine-on-timeout",
-                    "silent-write-post-failure", "end-keeps-siblings"},
+                    "silent-write-post-failure", "end-keeps-siblings",
+                    "free-without-fence"},
                 v);
 }
 bool parse_mutation(std::string_view text, Mutation* out) {
@@ -73,7 +74,7 @@ std::string_view name(MessageKind v) {
 }
 std::string_view name(EffectKind v) {
   return lookup(std::array<std::string_view, kEffectKindCount>{
-                    "ComputePrefill", "Allocate", "Cancel", "Expose", "RevokeAccess",
+                    "ComputePrefill", "Allocate", "Cancel", "Expose", "EndExposure", "FencePeer",
                     "PostWrite", "PostRead", "Free", "StartSiblings", "StopSiblings"},
                 v);
 }

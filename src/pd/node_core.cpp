@@ -111,13 +111,39 @@ void NodeCore::free_held(TransferBase& t, Outputs* out) {
   t.slot = kNoSlot;
 }
 
-void NodeCore::revoke_access(TransferBase& t, Outputs* out) {
+void NodeCore::end_exposure(TransferBase& t, Outputs* out) {
   if (!t.exposed) return;
-  Effect revoke;
-  revoke.kind = EffectKind::kRevokeAccess;
-  revoke.transfer = t.id;
-  out->effects.push_back(std::move(revoke));
+  Effect end;
+  end.kind = EffectKind::kEndExposure;
+  end.transfer = t.id;
+  end.peer = t.peer;
+  end.peer_epoch = t.peer_epoch;
+  out->effects.push_back(std::move(end));
   t.exposed = false;
+}
+
+void NodeCore::request_fence(NodeId node, Epoch epoch, Outputs* out) {
+  if (!fences_pending_.insert({node, epoch}).second) return;
+  ++stats_.fences_requested;
+  Effect fence;
+  fence.kind = EffectKind::kFencePeer;
+  fence.peer = node;
+  fence.peer_epoch = epoch;
+  out->effects.push_back(std::move(fence));
+  leases_.fence(node, epoch, &deferred_deaths_);
+}
+
+void NodeCore::on_peer_fenced(NodeId node, Epoch epoch, TimeMs now_ms, Outputs* out) {
+  fences_pending_.erase({node, epoch});
+  ++stats_.fences_completed;
+  std::vector<PeerDeath> deaths;
+  // Declared dead when the fence was asked for, or now (a fence the driver
+  // did on its own).
+  leases_.fence(node, epoch, &deaths);
+  leases_.fence_completed(node, epoch);
+  declare_deaths(deaths, now_ms, out);
+  on_peer_death({node, epoch, true}, now_ms, out);
+  finish(now_ms, out);
 }
 
 void NodeCore::expose_and_send(TransferBase& t, MessageKind kind, int32_t first_block,
@@ -192,6 +218,28 @@ void NodeCore::send_release(TransferBase& t, TimeMs now_ms, Outputs* out) {
   release.reason = t.end_reason;
   t.outbox.put(std::move(release), now_ms, config_.retransmit_interval_ms, out);
   t.release_sent = true;
+}
+
+bool NodeCore::must_hold(TransferBase& t, TimeMs now_ms, Outputs* out) {
+  bool reachable = peer_can_reach(t) && !(t.peer_dead && config_.mutation == Mutation::kFreeWithoutFence);
+  if (!t.rma_in_flight && !reachable) return false;
+  // A dead peer never answers: only fencing it makes the memory private again.
+  if (reachable && t.peer_dead) request_fence(t.peer, t.peer_epoch, out);
+  // Tell the peer we ended (it may never have heard of the transfer); it
+  // answers with its own Release once no RMA of its own is in flight.
+  if (!t.release_sent && !forgot_us(t) && !t.rma_in_flight) send_release(t, now_ms, out);
+  return true;
+}
+
+void NodeCore::release_held(TransferBase& t, MessageKind own_addresses, bool peer_exposed_to_us,
+                            TimeMs now_ms, Outputs* out) {
+  end_exposure(t, out);
+  free_held(t, out);
+  t.outbox.drop_kind(own_addresses);
+  if (!t.release_sent && !forgot_us(t) && (!t.peer_released || peer_exposed_to_us))
+    send_final_release(t, now_ms, out);
+  if (forgot_us(t)) t.outbox.drop_to(t.peer, t.peer_epoch);
+  t.ended_ms = now_ms;
 }
 
 void NodeCore::report_outcome(TransferBase& t, TimeMs now_ms, Outputs* out) {
@@ -285,6 +333,11 @@ bool NodeCore::service_outbox(TransferBase& t, TimeMs now_ms, Outputs* out,
 }
 
 void NodeCore::finish(TimeMs now_ms, Outputs* out) {
+  while (!deferred_deaths_.empty()) {
+    std::vector<PeerDeath> deaths = std::move(deferred_deaths_);
+    deferred_deaths_.clear();
+    declare_deaths(deaths, now_ms, out);
+  }
   TimeMs wake = std::min(next_heartbeat_ms_, leases_.next_expiry_ms());
   if (!timers_.empty()) wake = std::min(wake, timers_.top().first);
   // Everything due now was serviced; never ask to be woken in the past.

@@ -8,6 +8,8 @@
 #include <functional>
 #include <map>
 #include <queue>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "pd/message.h"
@@ -72,6 +74,7 @@ struct TransferBase {
   bool release_sent = false;
   bool addresses_known = false; // the remote side's block addresses arrived
   bool exposed = false;         // our blocks are registered for the peer's RMA
+  bool peer_fenced = false;     // the peer incarnation was fenced while this transfer lived
   bool rma_in_flight = false;   // our RMA on the peer's memory is posted
   std::vector<BlockId> blocks;  // blocks this side holds for the transfer
   int32_t slot = kNoSlot;       // recurrent-state slot this side holds
@@ -138,6 +141,8 @@ struct NodeStats {
   int64_t sibling_fanouts = 0;          // n > 1 transfers forked on the decode
   int64_t quarantines = 0;              // end waited for a peer or an RMA
   int64_t early_end_tombstones = 0;     // an Abort or Release came before the Start
+  int64_t fences_requested = 0;         // a dead or silent peer had our memory exposed
+  int64_t fences_completed = 0;
 };
 
 class NodeCore {
@@ -163,6 +168,12 @@ class NodeCore {
   bool draining() const { return draining_; }
   void on_message(const Message& message, TimeMs now_ms, Outputs* out);
   void on_timer(TimeMs now_ms, Outputs* out);
+  // The driver completed a kFencePeer: no RMA of that incarnation reaches our
+  // memory any more. Its transfers end, and what they exposed is freed.
+  void on_peer_fenced(NodeId node, Epoch epoch, TimeMs now_ms, Outputs* out);
+  // Incarnations whose fence was asked for and has not completed (blocks
+  // exposed to them stay quarantined until it does).
+  const std::set<std::pair<NodeId, Epoch>>& fences_pending() const { return fences_pending_; }
 
  protected:
   // A message that passed the epoch checks (heartbeats and acks are handled here).
@@ -179,8 +190,22 @@ class NodeCore {
   // Returns the blocks and slot a transfer holds to the pool (moves them out of t).
   static void free_held(TransferBase& t, Outputs* out);
   static void free_blocks(TransferId transfer, std::vector<BlockId> blocks, int32_t slot, Outputs* out);
-  // Stops exposing the transfer's memory to its peer (no RMA can reach it after).
-  static void revoke_access(TransferBase& t, Outputs* out);
+  // Records that the transfer's memory is private again: the peer released it
+  // or was fenced (there is no per-transfer revoke; see kFencePeer).
+  static void end_exposure(TransferBase& t, Outputs* out);
+  // No RMA of the transfer's peer can reach our memory: it was fenced, or it
+  // restarted (a newer epoch of the same node: the old process is gone).
+  bool peer_fenced(const TransferBase& t) const {
+    return t.peer_fenced || leases_.is_superseded(t.peer, t.peer_epoch);
+  }
+  // The peer can still reach memory the transfer exposed to it.
+  bool peer_can_reach(const TransferBase& t) const {
+    return t.exposed && !t.peer_released && !peer_fenced(t);
+  }
+  // Asks the driver to fence the peer incarnation (once), and treats it as
+  // dead from now on: every transfer with it ends, none starts, until the
+  // fence completes. Memory it can reach stays quarantined until then.
+  void request_fence(NodeId node, Epoch epoch, Outputs* out);
   // Exposes `blocks` (the moved blocks from `first_block` on) and t.slot to the
   // peer's RMA, then sends their addresses (`kind`: RemoteBlocks or KvAddresses).
   void expose_and_send(TransferBase& t, MessageKind kind, int32_t first_block,
@@ -218,11 +243,30 @@ class NodeCore {
   }
   // The Release a side sends when it ends: reliable, carrying the shared id.
   void send_release(TransferBase& t, TimeMs now_ms, Outputs* out);
+  // The one release path of an ending transfer, shared by both sides (their
+  // try_finish_end adds only the state names):
+  //  - must_hold(): true while our own RMA is in flight or the peer can still
+  //    reach memory we exposed. Then the peer hears our Release (once no RMA
+  //    of ours is in flight), and a peer known dead is fenced; the blocks stay.
+  //  - release_held(): nothing can reach the memory any more: end the
+  //    exposure, free, drop our address message (`own_addresses`), and send
+  //    the Release the peer still waits for. `peer_exposed_to_us`: in this
+  //    mode the peer exposes memory to us before it tells us where (we may
+  //    never have heard), so it waits for our Release even if it released first.
+  bool must_hold(TransferBase& t, TimeMs now_ms, Outputs* out);
+  void release_held(TransferBase& t, MessageKind own_addresses, bool peer_exposed_to_us, TimeMs now_ms,
+                    Outputs* out);
+  // The Release of release_held() (mutation 3 replaces it on the decode).
+  virtual void send_final_release(TransferBase& t, TimeMs now_ms, Outputs* out) { send_release(t, now_ms, out); }
   // The end of a transfer is reported to the router, except the router's own
   // aborts. The decode reports every end (the router decides a request's fate
   // on its word, even when the prefill that failed first has crashed since).
   void report_outcome(TransferBase& t, TimeMs now_ms, Outputs* out);
   void declare_deaths(std::vector<PeerDeath>& deaths, TimeMs now_ms, Outputs* out);
+  // Deaths found where a synchronous on_peer_death would re-enter the caller
+  // (a fence asked for from inside a transfer's end); declared by finish().
+  std::vector<PeerDeath> deferred_deaths_;
+  std::set<std::pair<NodeId, Epoch>> fences_pending_;
   // Common services of a transfer record: retransmit, and end at the deadline
   // or when a message exhausted its retransmits. Returns true when the
   // transfer was already ending (waiting on its peer) and a message to the

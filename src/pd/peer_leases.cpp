@@ -9,6 +9,7 @@ bool PeerLeases::heard(NodeId node, Epoch epoch, Role role, int32_t capacity_blo
   auto [it, inserted] = peers_.try_emplace(node);
   Peer& peer = it->second;
   if (!inserted && epoch < peer.epoch) return false;
+  if (!inserted && epoch == peer.epoch && peer.fencing) return false;
   // A newer epoch retires the old one, even one already declared dead by its
   // lease: the retirement lets holders forget what they owed it.
   if (!inserted && epoch > peer.epoch) deaths->push_back({node, peer.epoch});
@@ -16,6 +17,7 @@ bool PeerLeases::heard(NodeId node, Epoch epoch, Role role, int32_t capacity_blo
   peer.epoch = epoch;
   peer.last_heard_ms = now_ms;
   peer.alive = true;
+  peer.fencing = false;
   peer.heard = true;
   peer.role = role;
   peer.capacity_blocks = capacity_blocks;
@@ -36,10 +38,27 @@ bool PeerLeases::expect(NodeId node, Epoch epoch, TimeMs now_ms, std::vector<Pee
     peer.epoch = epoch;
     peer.last_heard_ms = now_ms;
     peer.alive = true;
+    peer.fencing = false;
     peer.heard = false;
     return true;
   }
   return peer.alive;
+}
+
+void PeerLeases::fence(NodeId node, Epoch epoch, std::vector<PeerDeath>* deaths) {
+  auto it = peers_.find(node);
+  if (it == peers_.end() || it->second.epoch != epoch) return;  // unknown or superseded
+  Peer& peer = it->second;
+  peer.fencing = true;
+  if (peer.alive) {
+    peer.alive = false;
+    deaths->push_back({node, epoch});
+  }
+}
+
+void PeerLeases::fence_completed(NodeId node, Epoch epoch) {
+  auto it = peers_.find(node);
+  if (it != peers_.end() && it->second.epoch == epoch) it->second.fencing = false;
 }
 
 bool PeerLeases::is_dead(NodeId node, Epoch epoch) const {

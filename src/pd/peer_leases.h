@@ -11,6 +11,8 @@ namespace tandem::pd {
 struct PeerDeath {
   NodeId node = 0;
   Epoch epoch = 0;
+  // The driver fenced it: none of its RMA can reach our memory any more.
+  bool fenced = false;
 };
 
 class PeerLeases {
@@ -20,6 +22,10 @@ class PeerLeases {
     TimeMs last_heard_ms = 0;
     bool alive = true;
     bool heard = false;  // a heartbeat arrived (not just named by a Start)
+    // A fence of this incarnation is under way: it stays dead (its heartbeats
+    // are stale) until the fence completes, so no new transfer exposes memory
+    // to it over the connection being cut.
+    bool fencing = false;
     Role role = Role::kRouter;
     int32_t capacity_blocks = 0;
   };
@@ -39,6 +45,11 @@ class PeerLeases {
   bool is_dead(NodeId node, Epoch epoch) const;
   // True when `epoch` is older than the newest known epoch of `node`.
   bool is_superseded(NodeId node, Epoch epoch) const;
+  // A fence of `epoch` of `node` starts: declared dead now if it was alive
+  // (appended to `deaths`), and not resurrected by its heartbeats until
+  // fence_completed(). After that it may come back on a new connection.
+  void fence(NodeId node, Epoch epoch, std::vector<PeerDeath>* deaths);
+  void fence_completed(NodeId node, Epoch epoch);
   // Declares dead every live peer silent for lease_ms.
   void expire(TimeMs now_ms, std::vector<PeerDeath>* deaths);
   TimeMs next_expiry_ms() const;

@@ -262,31 +262,18 @@ void PrefillSide::end_transfer(PrefillTransfer& t, EndReason reason, TimeMs now_
 
 void PrefillSide::try_finish_end(PrefillTransfer& t, TimeMs now_ms, Outputs* out) {
   if (t.state == PrefillState::kEnded) return;
-  bool peer_can_reach = t.exposed && !t.peer_released && !t.peer_dead;
-  if (t.rma_in_flight || peer_can_reach) {
+  if (must_hold(t, now_ms, out)) {
     if (t.state != PrefillState::kDraining) {
       ++stats_.quarantines;
       set_state(t, PrefillState::kDraining, now_ms);
     }
-    // Tell the decode we ended (it may never have heard of the transfer); it
-    // answers with its own Release once no read of ours is in flight.
-    if (!t.release_sent && !forgot_us(t) && !t.rma_in_flight) send_release(t, now_ms, out);
     schedule_next(t);
     return;
   }
-  revoke_access(t, out);
-  free_held(t, out);
   // An unacknowledged WriteDone stays: it is the decode's release (it may be
-  // quarantined waiting for it).
-  t.outbox.drop_kind(MessageKind::kKvAddresses);
-  // In WRITE the decode exposes its blocks before it sends their addresses
-  // (which we may never have received): it waits for our Release even when
-  // it released first. WriteDone, when sent, was that Release.
-  bool peer_exposed_to_us = t.mode == TransferMode::kWrite;
-  if (!t.release_sent && !forgot_us(t) && (!t.peer_released || peer_exposed_to_us))
-    send_release(t, now_ms, out);
-  if (forgot_us(t)) t.outbox.drop_to(t.peer, t.peer_epoch);
-  t.ended_ms = now_ms;
+  // quarantined waiting for it). In WRITE the decode exposed its blocks to
+  // us; WriteDone, when sent, was our Release.
+  release_held(t, MessageKind::kKvAddresses, t.mode == TransferMode::kWrite, now_ms, out);
   set_state(t, PrefillState::kEnded, now_ms);
   schedule_next(t);
 }
@@ -327,10 +314,15 @@ void PrefillSide::service(TransferId transfer, TimeMs now_ms, Outputs* out) {
 void PrefillSide::on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) {
   for (auto& [id, t] : transfers_) {
     if (t.peer != death.node || t.peer_epoch != death.epoch) continue;
+    if (death.fenced) t.peer_fenced = true;
     // A lease can expire on a live peer cut off for a while: keep telling it
     // (it may still wait for us), unless it restarted and forgot everything.
     if (forgot_us(t)) t.outbox.drop_to(death.node, death.epoch);
-    if (t.peer_dead) continue;
+    if (t.peer_dead) {
+      // Already ending on its death; a completed fence may let it finish.
+      if (t.ending) try_finish_end(t, now_ms, out);
+      continue;
+    }
     t.peer_dead = true;
     if (!t.ending) {
       end_transfer(t, EndReason::kPeerDead, now_ms, out);

@@ -100,8 +100,10 @@ enum class Mutation : uint8_t {
   kFreeQuarantineOnTimeout,// (4) quarantined blocks freed after a timeout while the peer lives
   kSilentWritePostFailure, // (5) a write that cannot be posted ends without any message
   kEndKeepsSiblings,       // (6) an ended transfer's siblings are not stopped (they decode on)
+  kFreeWithoutFence,       // (7) a dead peer's exposed blocks are freed at once, unfenced
+                           //     (revoking access assumed instant, as before fencing existed)
 };
-constexpr int kMutationCount = 7;
+constexpr int kMutationCount = 8;
 std::string_view name(Mutation mutation);
 // Accepts the names printed by name(); returns false for an unknown name.
 bool parse_mutation(std::string_view text, Mutation* out);

@@ -31,11 +31,12 @@ enum class EventKind : uint8_t {
   kSiblingDone,
   kCrash,
   kRestart,
+  kFenced,
 };
 
 const char* event_name(EventKind kind) {
   static const char* names[] = {"arrive", "client-abort", "deliver", "wake", "prefill-done",
-                                "admitted", "rma-done", "sibling-done", "crash", "restart"};
+                                "admitted", "rma-done", "sibling-done", "crash", "restart", "fenced"};
   return names[static_cast<int>(kind)];
 }
 
@@ -46,7 +47,7 @@ struct Event {
   NodeId node = 0;
   Epoch epoch = 0;
   uint64_t a = 0;  // request index, transfer, RMA op, sibling: by kind
-  uint64_t b = 0;  // a serial where a stale event must be told apart
+  uint64_t b = 0;  // a serial where a stale event must be told apart; the fenced epoch
   Message message;
 };
 
@@ -95,6 +96,13 @@ struct SimNode {
   PrefillEngine pe;
   DecodeEngine de;
   TimeMs next_wake_ms = kNever;
+  // The real transport's rule: an RMA may use addresses only on the
+  // connection they came on, and fencing a peer cuts that connection. Here:
+  // how many fences of each peer incarnation completed, and how many had
+  // completed when we exposed memory to a peer for a transfer; an RMA whose
+  // addresses predate a completed fence of its initiator fails.
+  std::map<std::pair<NodeId, Epoch>, int> fences_completed;
+  std::map<std::pair<NodeId, TransferId>, int> fences_at_exposure;
 };
 
 struct RmaOp {
@@ -158,6 +166,12 @@ class Cluster {
   bool excused(const ClientRequest& r) const;
   void trace(const Event& e);
   void collect_stats(const SimNode& node);
+  pd::ProtocolConfig prefill_protocol() const {
+    pd::ProtocolConfig c = s_.protocol;
+    c.lease_ms = s_.prefill_lease_ms;
+    return c;
+  }
+  TimeMs max_lease_ms() const { return std::max(s_.protocol.lease_ms, s_.prefill_lease_ms); }
   void count(const std::string& key, int64_t n = 1) {
     if (n != 0) result_.coverage[key] += n;
   }
@@ -174,6 +188,11 @@ class Cluster {
   std::map<TransferId, size_t> request_of_;
   std::map<uint64_t, RmaOp> ops_;
   uint64_t next_op_ = 1;
+  // Heartbeats the network lost long enough for a lease to expire on a live
+  // peer (a run of random drops): a cut as real as a partition, and as good
+  // an explanation of a failure. When each directed pair last heard one.
+  std::map<std::pair<NodeId, NodeId>, TimeMs> last_heartbeat_ms_;
+  std::vector<Partition> silences_;
   int64_t terminal_ = 0;
   int64_t slow_admissions_ = 0;
   uint64_t hash_ = 1469598103934665603ull;
@@ -209,7 +228,7 @@ void Cluster::boot(SimNode& node) {
       break;
     case Role::kPrefill:
       capacity = s_.prefill_pool_blocks;
-      node.prefill = std::make_unique<PrefillSide>(node.id, node.epoch, capacity, s_.protocol);
+      node.prefill = std::make_unique<PrefillSide>(node.id, node.epoch, capacity, prefill_protocol());
       node.core = node.prefill.get();
       break;
     case Role::kDecode:
@@ -233,8 +252,7 @@ void Cluster::push(Event e) {
 void Cluster::send(const Message& m) {
   const NetworkFaults& net = s_.network;
   for (const Partition& p : s_.partitions) {
-    bool between = (p.a == m.from && p.b == m.to) || (p.a == m.to && p.b == m.from);
-    if (between && now_ >= p.start_ms && now_ < p.end_ms) {
+    if (p.between(m.from, m.to) && now_ >= p.start_ms && now_ < p.end_ms) {
       count("fault.partition_drop");
       if (record_trace_) result_.trace.push_back("    lost (partition): " + describe(m));
       return;
@@ -344,11 +362,27 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
     case EffectKind::kExpose:
       node.blocks.expose(e.local_blocks, e.peer, e.transfer);
       if (e.local_slot != kNoSlot) node.slots.expose({e.local_slot}, e.peer, e.transfer);
+      node.fences_at_exposure[{e.peer, e.transfer}] = node.fences_completed[{e.peer, e.peer_epoch}];
       break;
-    case EffectKind::kRevokeAccess:
+    case EffectKind::kEndExposure:
+      // Bookkeeping: the core says the peer can no longer reach these blocks
+      // (released or fenced). If it still can, its RMA lands in private memory
+      // and on_rma_done reports the violation.
       node.blocks.revoke(e.transfer);
       node.slots.revoke(e.transfer);
       break;
+    case EffectKind::kFencePeer: {
+      count("path.fence_requested");
+      Event ev;
+      ev.at = now_ + rng_.uniform(s_.fence_min_ms, s_.fence_max_ms);
+      ev.kind = EventKind::kFenced;
+      ev.node = node.id;
+      ev.epoch = node.epoch;
+      ev.a = e.peer;
+      ev.b = e.peer_epoch;
+      push(std::move(ev));
+      break;
+    }
     case EffectKind::kPostWrite:
     case EffectKind::kPostRead: {
       RmaOp op;
@@ -468,6 +502,10 @@ void Cluster::pump(SimNode& node) {
     pe.computing = t;
     Event ev;
     ev.at = now_ + s_.prefill_base_ms + static_cast<TimeMs>(s_.prefill_ms_per_token * prompt);
+    if (rng_.chance(s_.slow_prefill_probability)) {
+      ev.at += s_.slow_prefill_ms;
+      count("fault.slow_prefill");
+    }
     ev.kind = EventKind::kPrefillDone;
     ev.node = node.id;
     ev.epoch = node.epoch;
@@ -554,7 +592,7 @@ bool Cluster::excused(const ClientRequest& r) const {
       break;
   }
   if (r.injected_failure) return true;
-  const TimeMs settle_ms = s_.protocol.lease_ms + 2 * s_.protocol.retransmit_interval_ms;
+  const TimeMs settle_ms = max_lease_ms() + 2 * s_.protocol.retransmit_interval_ms;
   // Faults that hurt the request up to time `until` (its end, or the KV's
   // arrival for faults that only the prefill side could cause).
   const TimeMs kv_ms = std::min(r.kv_arrived_ms, r.end_ms);
@@ -566,11 +604,13 @@ bool Cluster::excused(const ClientRequest& r) const {
     if (c.node == r.decode && overlaps(c.at_ms, to, r.end_ms)) return true;
     if (c.node == r.prefill && overlaps(c.at_ms, to, kv_ms)) return true;
   }
-  for (const Partition& p : s_.partitions) {
+  std::vector<Partition> cuts = s_.partitions;
+  cuts.insert(cuts.end(), silences_.begin(), silences_.end());
+  for (const auto& [pair, last] : last_heartbeat_ms_)
+    if (now_ - last >= s_.protocol.lease_ms) cuts.push_back({pair.first, pair.second, last, now_});
+  for (const Partition& p : cuts) {
     TimeMs to = p.end_ms + settle_ms;
-    auto is = [&](NodeId a, NodeId b) {
-      return (p.a == a && p.b == b) || (p.a == b && p.b == a);
-    };
+    auto is = [&](NodeId a, NodeId b) { return p.involves(a, b); };
     if (is(kRouterNode, r.decode) && overlaps(p.start_ms, to, r.end_ms)) return true;
     if ((is(kRouterNode, r.prefill) || is(r.prefill, r.decode)) && overlaps(p.start_ms, to, kv_ms))
       return true;
@@ -743,6 +783,14 @@ void Cluster::handle(const Event& e) {
         count("fault.delivered_to_dead");
         break;
       }
+      if (e.message.kind == MessageKind::kHeartbeat) {
+        auto [it, fresh] = last_heartbeat_ms_.try_emplace({e.message.from, e.node}, now_);
+        if (!fresh && now_ - it->second >= s_.protocol.lease_ms) {
+          silences_.push_back({e.message.from, e.node, it->second, now_});
+          count("fault.heartbeat_silence");
+        }
+        it->second = now_;
+      }
       node->core->on_message(e.message, now_, &scratch_);
       apply(*node, scratch_);
       break;
@@ -813,6 +861,16 @@ void Cluster::handle(const Event& e) {
       node->prefill.reset();
       node->decode.reset();
       break;
+    case EventKind::kFenced: {
+      if (stale()) break;
+      NodeId peer = static_cast<NodeId>(e.a);
+      Epoch peer_epoch = static_cast<Epoch>(e.b);
+      ++node->fences_completed[{peer, peer_epoch}];
+      count("path.fence_completed");
+      node->core->on_peer_fenced(peer, peer_epoch, now_, &scratch_);
+      apply(*node, scratch_);
+      break;
+    }
     case EventKind::kRestart: {
       count("fault.restart");
       ++node->epoch;
@@ -837,17 +895,26 @@ void Cluster::on_rma_done(uint64_t op_id) {
     result = RmaResult::kPostFailed;
   } else if (op.fails || !target.up || target.epoch != op.target_epoch) {
     result = RmaResult::kFailed;
+  } else if (auto at = target.fences_at_exposure.find({op.initiator, op.transfer});
+             at != target.fences_at_exposure.end() &&
+             target.fences_completed[{op.initiator, op.initiator_epoch}] > at->second) {
+    // The target fenced the initiator after telling it where to go: the
+    // connection the addresses came on is cut, the operation fails.
+    result = RmaResult::kFailed;
+    count(op.write ? "path.fenced_write" : "path.fenced_read");
   } else {
-    // The target's memory must still be exposed to the initiator for this
-    // transfer (a revoked registration makes the operation fail, as a closed
-    // endpoint or dropped memory key would).
+    // An unfenced peer's RMA lands, whatever the target's core believes: it
+    // must find the memory still exposed to it for this transfer (held, in
+    // quarantine if the transfer ended), never freed or reused.
     bool reachable = true;
     for (BlockId b : op.target_blocks) reachable = reachable && target.blocks.exposed_to(b, op.initiator, op.transfer);
     if (op.target_slot != kNoSlot)
       reachable = reachable && target.slots.exposed_to(op.target_slot, op.initiator, op.transfer);
     if (!reachable) {
+      violation(Invariant::kRmaIntoPrivate, t + ": an " + std::string(op.write ? "RMA write" : "RMA read") + " of n" +
+                std::to_string(op.initiator) + " reached memory of n" + std::to_string(op.target) +
+                " no longer exposed to it, and n" + std::to_string(op.target) + " never fenced it");
       result = RmaResult::kFailed;
-      count("path.rma_after_revoke");
     } else {
       SimNode& src = op.write ? initiator : target;
       SimNode& dst = op.write ? target : initiator;
@@ -924,7 +991,8 @@ RunResult Cluster::run() {
   }
   if (record_trace_) {
     for (const Partition& p : s_.partitions)
-      result_.trace.push_back("fault: partition n" + std::to_string(p.a) + " <-> n" + std::to_string(p.b) +
+      result_.trace.push_back("fault: partition n" + std::to_string(p.a) +
+                              (p.b == 0 ? std::string(" <-> all") : (p.one_way ? " -> n" : " <-> n") + std::to_string(p.b)) +
                               " from " + std::to_string(p.start_ms) + " to " + std::to_string(p.end_ms) + " ms");
     for (const Crash& c : s_.crashes)
       result_.trace.push_back("fault: crash n" + std::to_string(c.node) + " at " + std::to_string(c.at_ms) +
@@ -934,7 +1002,7 @@ RunResult Cluster::run() {
   // period; each injected slow admission may hold credits that later requests
   // queue behind, so it extends the bound by its own length.
   auto check_ms = [&] {
-    return s_.faults_end_ms + s_.protocol.lease_ms + s_.grace_ms +
+    return s_.faults_end_ms + max_lease_ms() + s_.grace_ms +
            slow_admissions_ * s_.slow_admission_ms;
   };
   while (!events_.empty() && result_.violations.empty()) {
@@ -970,7 +1038,8 @@ RunResult run_scenario(const Scenario& scenario, bool record_trace) {
 std::string_view name(Invariant v) {
   static constexpr std::array<std::string_view, kInvariantCount> names = {
       "announced", "pool_ownership", "sibling_map", "fork", "kv_integrity", "completed_early", "terminal_once",
-      "unexplained_failure", "block_accounting", "hang", "leak", "rma_after_end", "ended_still_running"};
+      "unexplained_failure", "block_accounting", "hang", "leak", "rma_after_end", "ended_still_running",
+      "rma_into_private"};
   return names[static_cast<size_t>(v)];
 }
 

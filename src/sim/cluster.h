@@ -32,8 +32,9 @@ enum class Invariant : uint8_t {
   kLeak,                // an instance did not return to baseline (blocks, exposures)
   kRmaAfterEnd,         // RMA touched memory of a transfer that had ended
   kEndedStillRunning,   // a sibling went on decoding after its transfer ended
+  kRmaIntoPrivate,      // an unfenced peer's RMA reached memory no longer exposed to it
 };
-constexpr int kInvariantCount = 13;
+constexpr int kInvariantCount = 14;
 std::string_view name(Invariant invariant);
 
 struct RunResult {

@@ -61,14 +61,19 @@ std::vector<std::string> required_coverage(const SimOptions& o) {
   if (o.faults != FaultLevel::kNone) {
     for (const char* s : {"fault.drop", "fault.duplicate", "fault.long_delay",
                           "fault.partition_drop", "drop.duplicate", "drop.ended", "drop.unknown",
-                          "path.retransmit", "path.peer_death", "end.peer_dead"})
+                          "path.retransmit", "path.peer_death", "end.peer_dead",
+                          "path.fence_requested", "path.fence_completed"})
       need.push_back(s);
   }
   if (o.faults == FaultLevel::kAll) {
     for (const char* s : {"fault.crash", "fault.restart", "fault.rma_failure",
                           "fault.prefill_failure", "drop.stale_epoch", "fault.rma_slow"})
       need.push_back(s);
-    if (write) need.push_back("fault.write_post_failure");
+    // A cut-off prefill's write posted after the decode fenced it: it must fail.
+    if (write) {
+      need.push_back("fault.write_post_failure");
+      need.push_back("path.fenced_write");
+    }
   }
   return need;
 }

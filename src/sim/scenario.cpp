@@ -94,10 +94,28 @@ Scenario make_scenario(uint64_t seed, const SimOptions& options) {
   int n_partitions = static_cast<int>(rng.uniform(0, 2));
   for (int i = 0; i < n_partitions; ++i) {
     Partition p;
-    p.a = static_cast<pd::NodeId>(rng.uniform(1, n_nodes));
-    do p.b = static_cast<pd::NodeId>(rng.uniform(1, n_nodes)); while (p.b == p.a);
+    if (rng.chance(0.5)) {
+      // Between a prefill and a decode: the cut the fencing design is about.
+      p.a = static_cast<pd::NodeId>(rng.uniform(2, 1 + options.n_prefill));
+      p.b = static_cast<pd::NodeId>(rng.uniform(2 + options.n_prefill, n_nodes));
+    } else {
+      p.a = static_cast<pd::NodeId>(rng.uniform(1, n_nodes));
+      do p.b = static_cast<pd::NodeId>(rng.uniform(1, n_nodes)); while (p.b == p.a);
+    }
     p.start_ms = rng.uniform(0, arrival_window_ms);
     p.end_ms = p.start_ms + rng.uniform(500, 8'000);
+    p.one_way = rng.chance(0.5);
+    s.partitions.push_back(p);
+  }
+  if (rng.chance(0.5)) {
+    // An instance (a prefill, more often) cut off from everyone, while its
+    // RMA fabric still works.
+    Partition p;
+    p.a = static_cast<pd::NodeId>(rng.chance(0.7) ? rng.uniform(2, 1 + options.n_prefill)
+                                                   : rng.uniform(2 + options.n_prefill, n_nodes));
+    p.b = 0;
+    p.start_ms = rng.uniform(0, arrival_window_ms);
+    p.end_ms = p.start_ms + rng.uniform(2'000, 10'000);
     s.partitions.push_back(p);
   }
   if (options.faults == FaultLevel::kNetwork) return s;
@@ -111,7 +129,10 @@ Scenario make_scenario(uint64_t seed, const SimOptions& options) {
   s.rma_failure_probability = 0.01 * static_cast<double>(rng.uniform(0, 3));
   s.write_post_failure_probability = 0.01 * static_cast<double>(rng.uniform(0, 3));
   s.prefill_failure_probability = 0.005 * static_cast<double>(rng.uniform(0, 2));
+  if (rng.chance(0.5)) s.prefill_lease_ms = s.protocol.lease_ms * rng.uniform(2, 4);
   s.rma_slow_probability = 0.02;
+  s.slow_prefill_probability = rng.chance(0.3) ? 0.2 : 0.02;
+  s.slow_prefill_ms = rng.uniform(1'000, 6'000);
   s.rma_slow_ms = rng.uniform(100, 4'000);
   return s;
 }

@@ -40,6 +40,19 @@ struct Partition {
   pd::NodeId b = 0;
   TimeMs start_ms = 0;
   TimeMs end_ms = 0;
+  // Only a -> b is cut: b stops hearing a, a still hears b (a failing link
+  // direction, a full queue): b declares a dead while a goes on working.
+  bool one_way = false;
+  // b == 0: a is cut off from every node (its control network is down; RMA
+  // on a separate fabric still runs).
+  bool between(pd::NodeId from, pd::NodeId to) const {
+    if (b == 0) return from == a || to == a;
+    return (from == a && to == b) || (!one_way && from == b && to == a);
+  }
+  bool involves(pd::NodeId x, pd::NodeId y) const {
+    if (b == 0) return x == a || y == a;
+    return (a == x && b == y) || (a == y && b == x);
+  }
 };
 
 struct Crash {
@@ -58,12 +71,21 @@ struct Scenario {
   uint64_t seed = 0;
   SimOptions options;
   pd::ProtocolConfig protocol;
+  // Leases are each observer's own setting: prefills may wait longer for a
+  // silent decode than decodes wait for a silent prefill (then, cut off, the
+  // prefill goes on working after the decode has given up on it).
+  TimeMs prefill_lease_ms = 3000;
   int32_t prefill_pool_blocks = 256;
   int32_t decode_pool_blocks = 512;
   bool recurrent = false;  // hybrid model: a state slot moves with the KV
   // Engines.
   TimeMs prefill_base_ms = 2;
   double prefill_ms_per_token = 0.02;
+  // A prompt that takes long to prefill (a long prompt on a busy instance):
+  // the decode's addresses wait for it, and a cut between the two can strike
+  // in between (the write is then posted after the decode gave up on it).
+  double slow_prefill_probability = 0;
+  TimeMs slow_prefill_ms = 0;
   TimeMs decode_ms_per_token = 10;
   TimeMs admission_max_ms = 20;
   double slow_admission_probability = 0;
@@ -74,6 +96,10 @@ struct Scenario {
   double rma_slow_probability = 0;
   TimeMs rma_slow_ms = 0;
   double rma_failure_probability = 0;
+  // How long the driver takes to fence a peer (an endpoint's close, a
+  // process's exit being seen): RMA of the peer lands until then.
+  TimeMs fence_min_ms = 1;
+  TimeMs fence_max_ms = 200;
   double write_post_failure_probability = 0;
   double prefill_failure_probability = 0;
   // Faults.

@@ -48,7 +48,8 @@ bool FaultyTransport::send(pd::NodeId peer, std::span<const uint8_t> frame) {
     if (spec_.max_delay_ms > 0 && u(rng_) < spec_.delay) {
       ++counters_.delayed;
       pd::TimeMs due = monotonic_ms() + static_cast<pd::TimeMs>(rng_() % static_cast<uint64_t>(spec_.max_delay_ms + 1));
-      held_.push_back({due, peer, {frame.begin(), frame.end()}});
+      auto c = connection_.find(peer);
+      held_.push_back({due, peer, c == connection_.end() ? 0 : c->second, {frame.begin(), frame.end()}});
     } else {
       ok = inner_->send(peer, frame) && ok;
     }
@@ -61,10 +62,24 @@ void FaultyTransport::poll(int timeout_ms, std::vector<TransportEvent>* events) 
   // Held frames go out when due (in due order, so delays also reorder).
   std::sort(held_.begin(), held_.end(), [](const Held& a, const Held& b) { return a.due_ms < b.due_ms; });
   size_t sent = 0;
-  for (; sent < held_.size() && held_[sent].due_ms <= now; ++sent) inner_->send(held_[sent].peer, held_[sent].frame);
+  for (; sent < held_.size() && held_[sent].due_ms <= now; ++sent) {
+    const Held& h = held_[sent];
+    auto c = connection_.find(h.peer);
+    if (c == connection_.end() || c->second != h.connection) {
+      ++counters_.lost_with_connection;
+      continue;
+    }
+    inner_->send(h.peer, h.frame);
+  }
   held_.erase(held_.begin(), held_.begin() + static_cast<ptrdiff_t>(sent));
   if (!held_.empty()) timeout_ms = static_cast<int>(std::clamp<pd::TimeMs>(held_.front().due_ms - now, 0, timeout_ms));
+  size_t first = events->size();
   inner_->poll(timeout_ms, events);
+  for (size_t i = first; i < events->size(); ++i) {
+    const TransportEvent& e = (*events)[i];
+    if (e.kind == TransportEvent::Kind::kConnected) connection_[e.peer] = e.connection;
+    if (e.kind == TransportEvent::Kind::kPeerFailed && connection_[e.peer] == e.connection) connection_.erase(e.peer);
+  }
 }
 
 }  // namespace tandem::transport

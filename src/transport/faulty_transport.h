@@ -4,6 +4,7 @@
 // --test-faults`); a production instance never wraps its transport.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,6 +30,7 @@ struct FaultCounters {
   int64_t dropped = 0;
   int64_t duplicated = 0;
   int64_t delayed = 0;
+  int64_t lost_with_connection = 0;  // held past the end of their connection
 };
 
 class FaultyTransport final : public Transport {
@@ -37,21 +39,26 @@ class FaultyTransport final : public Transport {
 
   void connect(const std::string& host, uint16_t port) override { inner_->connect(host, port); }
   bool send(pd::NodeId peer, std::span<const uint8_t> frame) override;
-  void post(pd::NodeId peer, RmaOp op, std::vector<RmaRun> runs, uint64_t tag, pd::TimeMs deadline_ms) override {
-    inner_->post(peer, op, std::move(runs), tag, deadline_ms);
+  void post(pd::NodeId peer, RmaOp op, std::vector<RmaRun> runs, uint64_t tag, pd::TimeMs deadline_ms,
+            uint64_t connection) override {
+    inner_->post(peer, op, std::move(runs), tag, deadline_ms, connection);
   }
-  void fence(pd::NodeId peer) override { inner_->fence(peer); }
+  void fence(pd::NodeId peer, pd::Epoch epoch) override { inner_->fence(peer, epoch); }
   void poll(int timeout_ms, std::vector<TransportEvent>* events) override;
   void wake() override { inner_->wake(); }
   uint16_t listen_port() const override { return inner_->listen_port(); }
   const FaultCounters& counters() const { return counters_; }
 
  private:
+  // A held frame belongs to the connection it was sent on: it is lost with
+  // it (a real frame never moves to a newer connection).
   struct Held {
     pd::TimeMs due_ms;
     pd::NodeId peer;
+    uint64_t connection;
     std::vector<uint8_t> frame;
   };
+  std::map<pd::NodeId, uint64_t> connection_;  // the current one, from kConnected
   std::unique_ptr<Transport> inner_;
   FaultSpec spec_;
   std::mt19937_64 rng_;

@@ -37,6 +37,10 @@ struct TransportEvent {
   Kind kind = Kind::kMessage;
   pd::NodeId peer = 0;
   pd::Epoch peer_epoch = 0;
+  // Which connection to the peer (kConnected, kMessage, kPeerFailed): every
+  // hand-shake makes a new one, numbered from 1. Addresses a peer sent are
+  // good only on the connection they came on (see post()).
+  uint64_t connection = 0;
   uint64_t tag = 0;
   bool ok = false;
   std::string detail;
@@ -53,14 +57,18 @@ class Transport {
   // Sends a control frame; best effort (the protocol retransmits). False when
   // the peer is not connected.
   virtual bool send(pd::NodeId peer, std::span<const uint8_t> frame) = 0;
-  // Posts RMA runs on the peer's pool; kRmaDone(tag) follows exactly once,
-  // failed at the latest by deadline_ms (monotonic_ms() time; the endpoint is
-  // then force-closed).
+  // Posts RMA runs on the peer's pool, on `connection` (the one the peer's
+  // addresses came on): if that connection is gone, the operation fails at
+  // once, since a fence may have cut it and the memory since been reused.
+  // kRmaDone(tag) follows exactly once. An operation still running at
+  // deadline_ms (monotonic_ms() time) is cancelled by force-closing its
+  // endpoint, and reported failed once the close is over: nothing of it can
+  // land after its report.
   virtual void post(pd::NodeId peer, RmaOp op, std::vector<RmaRun> runs, uint64_t tag,
-                    pd::TimeMs deadline_ms) = 0;
-  // Cuts the peer off. kPeerFenced follows once the transport can guarantee
-  // that no RMA of that peer incarnation reaches our memory.
-  virtual void fence(pd::NodeId peer) = 0;
+                    pd::TimeMs deadline_ms, uint64_t connection) = 0;
+  // Cuts the peer incarnation off. kPeerFenced(peer, epoch) follows once the
+  // transport can guarantee that no RMA of it reaches our memory any more.
+  virtual void fence(pd::NodeId peer, pd::Epoch epoch) = 0;
   // Waits at most timeout_ms for activity and appends what happened.
   virtual void poll(int timeout_ms, std::vector<TransportEvent>* events) = 0;
   // Interrupts a poll() in progress; callable from any thread.

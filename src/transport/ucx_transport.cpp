@@ -93,12 +93,16 @@ struct UcxTransport::Impl {
     bool fence_wanted = false;
     bool fenced = false;
     uint64_t client_id = 0;    // server side: the connection request we wait for
+    uint64_t connection = 0;   // this hand-shake's number (TransportEvent::connection)
     int pidfd = -1;            // shared-memory peers: fenced by their exit
     Impl* impl = nullptr;
   };
   struct Op {
     uint64_t tag = 0;
     pd::NodeId peer = 0;
+    uint64_t connection = 0;
+    bool timed_out = false;  // its endpoint was force-closed at the deadline
+    bool reported = false;   // kRmaDone went out; kept until the flush calls back
     pd::TimeMs deadline_ms = 0;
     uint64_t bytes = 0;
     bool done = false;
@@ -129,6 +133,7 @@ struct UcxTransport::Impl {
   std::vector<std::unique_ptr<Peer>> retired;  // replaced incarnations still closing
   std::map<uint64_t, std::unique_ptr<Op>> ops;
   uint64_t next_op = 1;
+  uint64_t next_connection = 1;
   std::vector<TransportEvent> pending;  // filled by UCX callbacks during progress
   TransportCounters counters;
 
@@ -402,6 +407,7 @@ struct UcxTransport::Impl {
     peer->pidfd = pidfd;
     peer->impl = this;
     peer->client_id = peer_client_id;
+    peer->connection = next_connection++;
     Peer& p = *peer;
     peers[id.node] = std::move(peer);
     if (h.side() == Handshake::Side::kServer) return;  // on_conn_request creates the endpoint
@@ -447,6 +453,7 @@ struct UcxTransport::Impl {
     e.kind = TransportEvent::Kind::kConnected;
     e.peer = p.identity.node;
     e.peer_epoch = p.identity.epoch;
+    e.connection = p.connection;
     e.identity = p.identity;
     e.keys = p.keys;
     pending.push_back(std::move(e));
@@ -495,6 +502,7 @@ struct UcxTransport::Impl {
     e.kind = TransportEvent::Kind::kMessage;
     e.peer = h[0];
     e.peer_epoch = h[1];
+    e.connection = it->second->connection;
     auto* bytes = static_cast<const uint8_t*>(data);
     e.frame.assign(bytes, bytes + length);
     self->pending.push_back(std::move(e));
@@ -510,6 +518,7 @@ struct UcxTransport::Impl {
     e.kind = TransportEvent::Kind::kPeerFailed;
     e.peer = peer->identity.node;
     e.peer_epoch = peer->identity.epoch;
+    e.connection = peer->connection;
     e.detail = ucs_error("endpoint error", status);
     peer->impl->pending.push_back(std::move(e));
   }
@@ -590,11 +599,17 @@ struct UcxTransport::Impl {
     pending.push_back(std::move(e));
   }
 
-  void post(pd::NodeId node, RmaOp kind, const std::vector<RmaRun>& runs, uint64_t tag, pd::TimeMs deadline_ms) {
+  void post(pd::NodeId node, RmaOp kind, const std::vector<RmaRun>& runs, uint64_t tag, pd::TimeMs deadline_ms,
+            uint64_t connection) {
     auto it = peers.find(node);
     if (it == peers.end() || it->second->ep == nullptr || it->second->failed || it->second->rkey == nullptr)
       return fail_op(tag, node, "peer node " + std::to_string(node) + " is not connected");
     Peer& p = *it->second;
+    if (p.connection != connection)
+      return fail_op(tag, node, "the addresses came from node " + std::to_string(node) + " on connection " +
+                                    std::to_string(connection) + ", which is gone (now " +
+                                    std::to_string(p.connection) +
+                                    "): it may have been fenced and its memory reused since");
     uint64_t bytes = 0;
     for (const RmaRun& run : runs) {
       // Offsets come from block ids the peer sent (validated at the wire);
@@ -622,6 +637,7 @@ struct UcxTransport::Impl {
     auto op = std::make_unique<Op>();
     op->tag = tag;
     op->peer = node;
+    op->connection = p.connection;
     op->deadline_ms = deadline_ms;
     op->bytes = bytes;
     ucp_request_param_t param{};
@@ -634,73 +650,98 @@ struct UcxTransport::Impl {
     ops[next_op++] = std::move(op);
   }
 
-  void fence(pd::NodeId node) {
+  // The connection an operation ran on, wherever its peer record is now
+  // (current, or retired by a newer incarnation); null once destroyed.
+  Peer* find_connection(uint64_t connection) {
+    for (auto& [node, p] : peers)
+      if (p->connection == connection) return p.get();
+    for (auto& p : retired)
+      if (p->connection == connection) return p.get();
+    return nullptr;
+  }
+
+  void fence(pd::NodeId node, pd::Epoch epoch) {
+    Peer* target = nullptr;
     auto it = peers.find(node);
-    if (it == peers.end()) {
+    if (it != peers.end() && it->second->identity.epoch == epoch) target = it->second.get();
+    for (auto& p : retired)
+      if (target == nullptr && p->identity.node == node && p->identity.epoch == epoch) target = p.get();
+    if (target == nullptr) {
+      // No record of that incarnation: it never connected, or its endpoint
+      // was closed and reaped when a newer one replaced it.
       TransportEvent e;
       e.kind = TransportEvent::Kind::kPeerFenced;
       e.peer = node;
-      e.detail = "never connected";
+      e.peer_epoch = epoch;
+      e.detail = "no connection to that incarnation";
       pending.push_back(std::move(e));
       return;
     }
-    it->second->fence_wanted = true;
-    force_close(*it->second);
+    if (target->fenced) {
+      TransportEvent e;
+      e.kind = TransportEvent::Kind::kPeerFenced;
+      e.peer = node;
+      e.peer_epoch = epoch;
+      e.detail = "fenced already";
+      pending.push_back(std::move(e));
+      return;
+    }
+    target->fence_wanted = true;
+    force_close(*target);
   }
 
   // Turns completed operations, closes and exits into events.
   void collect(pd::TimeMs now_ms) {
+    reap_closes();
     for (auto it = ops.begin(); it != ops.end();) {
       Op& op = *it->second;
-      if (!op.done && now_ms >= op.deadline_ms) {
-        // Force-closing the endpoint cancels the operation (its flush completes
-        // with an error on the next progress).
+      Peer* conn = find_connection(op.connection);
+      if (!op.done && !op.timed_out && now_ms >= op.deadline_ms) {
+        // Force-closing the endpoint cancels the operation: its flush
+        // completes with an error, at the latest when the close is over.
         ++counters.rma_deadline_exceeded;
-        auto peer = peers.find(op.peer);
-        if (peer != peers.end()) force_close(*peer->second);
+        if (conn != nullptr) force_close(*conn);
+        op.timed_out = true;
         op.detail = "deadline exceeded; endpoint to node " + std::to_string(op.peer) + " force-closed";
-        op.done = true;
-        op.status = UCS_ERR_TIMED_OUT;
       }
-      if (!op.done) {
-        ++it;
+      // Reported only once nothing of it can still land: its flush called
+      // back, or the endpoint it ran on is closed.
+      bool over = op.done || (op.timed_out && (conn == nullptr || conn->closed));
+      if (op.reported || !over) {
+        if (op.reported && op.done) {
+          it = ops.erase(it);
+        } else {
+          ++it;
+        }
         continue;
       }
       // A flush can report success on an endpoint whose peer has reset it;
       // nothing is known to have landed then, so it counts as a failure.
-      auto peer = peers.find(op.peer);
-      if (op.status == UCS_OK && (peer == peers.end() || peer->second->failed)) {
-        op.status = UCS_ERR_ENDPOINT_TIMEOUT;
+      ucs_status_t status = op.timed_out ? UCS_ERR_TIMED_OUT : op.status;
+      if (status == UCS_OK && (conn == nullptr || conn->failed)) {
+        status = UCS_ERR_ENDPOINT_TIMEOUT;
         op.detail = "endpoint to node " + std::to_string(op.peer) + " failed during the operation";
       }
       TransportEvent e;
       e.kind = TransportEvent::Kind::kRmaDone;
       e.peer = op.peer;
       e.tag = op.tag;
-      e.ok = op.status == UCS_OK;
+      e.ok = status == UCS_OK;
       if (e.ok) {
         counters.bytes_moved += static_cast<int64_t>(op.bytes);
       } else {
         ++counters.rma_failed;
-        e.detail = op.detail.empty() ? ucs_error("RMA", op.status) : op.detail;
+        e.detail = op.detail.empty() ? ucs_error("RMA", status) : op.detail;
       }
       pending.push_back(std::move(e));
-      if (op.status == UCS_ERR_TIMED_OUT) {
-        // The flush callback may still run against this op: keep it alive,
-        // marked reported, until the endpoint's close completes.
-        op.tag = 0;
+      if (!op.done) {
+        // The flush callback may still run against this op: keep it alive.
+        op.reported = true;
         ++it;
         continue;
       }
       it = ops.erase(it);
     }
-    // A timed-out op whose flush has since completed (canceled) can go.
-    std::erase_if(ops, [&](const auto& kv) {
-      const Op& op = *kv.second;
-      auto peer = peers.find(op.peer);
-      return op.tag == 0 && op.done && (peer == peers.end() || peer->second->closed);
-    });
-    reap_closes();
     auto check_fenced = [&](Peer& p) {
       if (!p.fence_wanted || p.fenced || !p.closed) return;
       if (p.pidfd >= 0) {
@@ -797,10 +838,10 @@ void UcxTransport::connect(const std::string& host, uint16_t port) {
 }
 bool UcxTransport::send(pd::NodeId peer, std::span<const uint8_t> frame) { return impl_->send(peer, frame); }
 void UcxTransport::post(pd::NodeId peer, RmaOp op, std::vector<RmaRun> runs, uint64_t tag,
-                        pd::TimeMs deadline_ms) {
-  impl_->post(peer, op, runs, tag, deadline_ms);
+                        pd::TimeMs deadline_ms, uint64_t connection) {
+  impl_->post(peer, op, runs, tag, deadline_ms, connection);
 }
-void UcxTransport::fence(pd::NodeId peer) { impl_->fence(peer); }
+void UcxTransport::fence(pd::NodeId peer, pd::Epoch epoch) { impl_->fence(peer, epoch); }
 void UcxTransport::poll(int timeout_ms, std::vector<TransportEvent>* events) {
   impl_->poll(timeout_ms, events);
 }

@@ -65,8 +65,8 @@ class UcxTransport final : public Transport {
   void connect(const std::string& host, uint16_t port) override;
   bool send(pd::NodeId peer, std::span<const uint8_t> frame) override;
   void post(pd::NodeId peer, RmaOp op, std::vector<RmaRun> runs, uint64_t tag,
-            pd::TimeMs deadline_ms) override;
-  void fence(pd::NodeId peer) override;
+            pd::TimeMs deadline_ms, uint64_t connection) override;
+  void fence(pd::NodeId peer, pd::Epoch epoch) override;
   void poll(int timeout_ms, std::vector<TransportEvent>* events) override;
   void wake() override;
   uint16_t listen_port() const override;
