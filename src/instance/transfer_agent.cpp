@@ -392,16 +392,14 @@ void TransferAgent::on_event(TransportEvent& e) {
         ++counters_.spoofed_frames;
         return;
       }
-      bool addresses = m.kind == MessageKind::kRemoteBlocks || m.kind == MessageKind::kKvAddresses;
-      run([&](pd::Outputs* out) { core().on_message(m, now, out); });
-      // Bind the transfer's RMA to the connection its addresses came on (the
-      // first copy the core accepted; later duplicates change nothing).
-      if (addresses && address_connection_.count(m.transfer) == 0) {
+      // Bind the transfer's RMA to the connection its addresses come on: the
+      // copy the core is about to accept (it may post the RMA at once).
+      if (m.kind == MessageKind::kRemoteBlocks || m.kind == MessageKind::kKvAddresses) {
         const pd::TransferBase* t = prefill_ ? static_cast<const pd::TransferBase*>(prefill_->find(m.transfer))
                                              : static_cast<const pd::TransferBase*>(decode_->find(m.transfer));
-        if (t != nullptr && t->addresses_known) address_connection_[m.transfer] = e.connection;
+        if (t != nullptr && !t->addresses_known) address_connection_[m.transfer] = e.connection;
       }
-      return;
+      return run([&](pd::Outputs* out) { core().on_message(m, now, out); });
     }
     case TransportEvent::Kind::kRmaDone: {
       if (!e.ok) {
