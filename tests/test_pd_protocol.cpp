@@ -212,6 +212,20 @@ TEST(PdProtocol, MutationReleaseWithLocalIdLeaksThePrefillBlocks) {
   EXPECT_FALSE(freed);
 }
 
+// A WRITE decode admitted with 7 blocks, exposed to the prefill.
+void admit_write(DecodeSide& decode, Outputs* out) {
+  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, out);
+  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, out);
+}
+
+// The router's Abort (it names the prefill).
+void router_abort(DecodeSide& decode, TimeMs at_ms, Outputs* out) {
+  Message abort = peer_message(MessageKind::kAbort, kRouter, kDecode);
+  abort.peer = kPrefill;
+  abort.peer_epoch = 1;
+  decode.on_message(abort, at_ms, out);
+}
+
 // A decode that ends while its blocks are exposed to a live prefill keeps them
 // until the prefill releases (here after 30 s), or is declared dead; then it
 // revokes access before freeing.
@@ -219,13 +233,9 @@ TEST(PdProtocol, QuarantineHoldsBlocksWhileThePeerLives) {
   ProtocolConfig config;
   DecodeSide decode(kDecode, 1, 256, config);
   Outputs out;
-  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
-  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
+  admit_write(decode, &out);
   out.clear();
-  Message abort = peer_message(MessageKind::kAbort, kRouter, kDecode);
-  abort.peer = kPrefill;
-  abort.peer_epoch = 1;
-  decode.on_message(abort, 100, &out);
+  router_abort(decode, 100, &out);
   EXPECT_EQ(decode.find(kTransfer)->state, DecodeState::kQuarantined);
   EXPECT_EQ(find_effect(out, EffectKind::kFree), nullptr);
   EXPECT_EQ(count_messages(out, MessageKind::kRelease), 1);  // "stop writing"
@@ -246,12 +256,8 @@ TEST(PdProtocol, QuarantineEndsWhenThePeerIsDeclaredDeadAndFenced) {
   ProtocolConfig config;
   DecodeSide decode(kDecode, 1, 256, config);
   Outputs out;
-  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
-  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
-  Message abort = peer_message(MessageKind::kAbort, kRouter, kDecode);
-  abort.peer = kPrefill;
-  abort.peer_epoch = 1;
-  decode.on_message(abort, 100, &out);
+  admit_write(decode, &out);
+  router_abort(decode, 100, &out);
   out.clear();
   // The prefill is never heard from: its lease (started by the Start) expires.
   // A dead peer may still be writing (a partition, a NIC queue): the blocks
@@ -285,8 +291,7 @@ TEST(PdProtocol, APeerRestartedInANewEpochNeedsNoFence) {
   ProtocolConfig config;
   DecodeSide decode(kDecode, 1, 256, config);
   Outputs out;
-  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
-  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
+  admit_write(decode, &out);
   out.clear();
   Message hb = heartbeat(kPrefill, kDecode, Role::kPrefill);
   hb.from_epoch = 2;
@@ -304,8 +309,7 @@ TEST(PdProtocol, AnIncarnationBeingFencedTakesNoNewTransfer) {
   ProtocolConfig config;
   DecodeSide decode(kDecode, 1, 256, config);
   Outputs out;
-  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
-  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
+  admit_write(decode, &out);
   decode.on_timer(config.lease_ms + 1, &out);
   ASSERT_NE(find_effect(out, EffectKind::kFencePeer), nullptr);
   out.clear();
@@ -331,12 +335,8 @@ TEST(PdProtocol, MutationFreeQuarantineOnTimeoutFreesWithoutRevoking) {
   config.mutation = Mutation::kFreeQuarantineOnTimeout;
   DecodeSide decode(kDecode, 1, 256, config);
   Outputs out;
-  decode.on_message(start(MessageKind::kStartDecode, TransferMode::kWrite, 40, 1), 0, &out);
-  decode.on_blocks_allocated(kTransfer, iota_blocks(7, 0), kNoSlot, 0, 10, &out);
-  Message abort = peer_message(MessageKind::kAbort, kRouter, kDecode);
-  abort.peer = kPrefill;
-  abort.peer_epoch = 1;
-  decode.on_message(abort, 100, &out);
+  admit_write(decode, &out);
+  router_abort(decode, 100, &out);
   out.clear();
   decode.on_message(heartbeat(kPrefill, kDecode, Role::kPrefill), 2'000, &out);
   decode.on_timer(2'200, &out);

@@ -666,26 +666,18 @@ struct UcxTransport::Impl {
     if (it != peers.end() && it->second->identity.epoch == epoch) target = it->second.get();
     for (auto& p : retired)
       if (target == nullptr && p->identity.node == node && p->identity.epoch == epoch) target = p.get();
-    if (target == nullptr) {
-      // No record of that incarnation: it never connected, or its endpoint
-      // was closed and reaped when a newer one replaced it.
+    auto fenced_now = [&](const char* why) {
       TransportEvent e;
       e.kind = TransportEvent::Kind::kPeerFenced;
       e.peer = node;
       e.peer_epoch = epoch;
-      e.detail = "no connection to that incarnation";
+      e.detail = why;
       pending.push_back(std::move(e));
-      return;
-    }
-    if (target->fenced) {
-      TransportEvent e;
-      e.kind = TransportEvent::Kind::kPeerFenced;
-      e.peer = node;
-      e.peer_epoch = epoch;
-      e.detail = "fenced already";
-      pending.push_back(std::move(e));
-      return;
-    }
+    };
+    // No record of that incarnation: it never connected, or its endpoint was
+    // closed and reaped when a newer one replaced it.
+    if (target == nullptr) return fenced_now("no connection to that incarnation");
+    if (target->fenced) return fenced_now("fenced already");
     target->fence_wanted = true;
     force_close(*target);
   }
