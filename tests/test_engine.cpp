@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/engine_core.h"
+#include "util/block_budget.h"
 #include "gguf/gguf.h"
 #include "kernels/ops.h"
 #include "model/model.h"
@@ -325,6 +326,47 @@ TEST(Engine, RejectsRequestsItCanNeverServe) {
   err = h.engine().add_request(r);
   ASSERT_TRUE(err.has_value());
   EXPECT_NE(err->find("KV blocks"), std::string::npos) << *err;
+}
+
+// The admission bound is the shared worst case (util/block_budget.h): every
+// sibling after the first owns a copy of the prompt's partial last block. A
+// pool of exactly that many blocks serves the request without preempting it;
+// one block fewer refuses it.
+TEST(Engine, AWorstCaseBudgetCountsEverySiblingsCopiedBlockAndIsExact) {
+  const int32_t prompt_tokens = 13, n = 4, max_tokens = 12;  // 13 tokens in blocks of 4: the last is partial
+  EngineConfig cfg = small_config();
+  cfg.enable_prefix_caching = false;
+  const int64_t need = worst_case_request_blocks(prompt_tokens, n, max_tokens, cfg.block_size);
+  EXPECT_EQ(need, 7 + 3 * (3 + 1)) << "the first sequence's 25 tokens, then 3 x (12 outputs + a copied block)";
+  const auto block_bytes = static_cast<int64_t>(
+      KvPool::bytes_per_block(fixture().model->kv_shape(1, cfg.block_size, cfg.kv_dtype)));
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.n = n;
+  p.best_of = n;
+  p.max_tokens = max_tokens;
+  p.seed = 5;
+  p.ignore_eos = true;
+  {
+    cfg.kv_cache_bytes = block_bytes * need;
+    Harness h(cfg);
+    const uint64_t id = h.submit(prompt_of(prompt_tokens, 3), p);
+    h.run_until_idle();
+    EXPECT_EQ(h.engine().metrics().preemptions.load(), 0);
+    for (int i = 0; i < n; ++i) EXPECT_EQ(h.result(id).tokens[i].size(), static_cast<size_t>(max_tokens)) << i;
+    h.expect_no_leak();
+  }
+  {
+    cfg.kv_cache_bytes = block_bytes * (need - 1);
+    Harness h(cfg);
+    EngineRequest r;
+    r.id = 1;
+    r.prompt = prompt_of(prompt_tokens, 3);
+    r.params = p;
+    EngineCore::Refusal why = EngineCore::Refusal::kNone;
+    EXPECT_TRUE(h.engine().add_request(r, &why).has_value());
+    EXPECT_EQ(why, EngineCore::Refusal::kTooLargeForCache);
+  }
 }
 
 TEST(Engine, LoopThreadServesRequestsAndIdlesWithABoundedWait) {

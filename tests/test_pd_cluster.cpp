@@ -109,11 +109,12 @@ struct Cluster {
   int port = free_port();
   std::unique_ptr<Group> group;
   std::map<std::string, pid_t> pids;  // "router", "prefill 0", "decode 0", ...
-  Cluster(int prefill, int decode, const std::string& mode, const std::string& extra = "") {
+  Cluster(int prefill, int decode, const std::string& mode, const std::string& extra = "", int kv_cache_mb = 16) {
     const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
     group = std::make_unique<Group>(std::string(TANDEM_BINARY) + " cluster --prefill " + std::to_string(prefill) +
                                     " --decode " + std::to_string(decode) + " --mode " + mode + " -m " + model +
-                                    " --port " + std::to_string(port) + " --kv-cache-mb 16 -t 1 --ready-timeout 60 " +
+                                    " --port " + std::to_string(port) + " --kv-cache-mb " + std::to_string(kv_cache_mb) +
+                                    " -t 1 --ready-timeout 60 " +
                                     extra);
   }
   bool ready() {
@@ -581,6 +582,60 @@ TEST(PdClusterFailures, ARequestIsRetriedOnAnotherDecodeBeforeItsFirstByte) {
   EXPECT_EQ(status, 200) << got.dump();
   EXPECT_EQ(texts(got), texts(post(single.port, "/v1/completions", completion("retried elsewhere", 6))));
   EXPECT_GE(metric(port, "tandem_router_retries"), 1);
+}
+
+// More work than the decode's KV cache holds at once: each request reserves
+// its worst case (4 sequences of 400 tokens, with their copied blocks: 104 of
+// the decode's 256 blocks), so the router never has more than two in flight
+// there; the others wait for credits (counted) and all complete.
+TEST(PdClusterCredits, RequestsBeyondTheDecodesCreditsWaitAtTheRouterAndComplete) {
+  Cluster c(1, 1, "write", "", /*kv_cache_mb=*/1);
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  json decode_info = json::object();
+  const json listed = json::parse(httplib::Client("127.0.0.1", c.port).Get("/debug/instances")->body);
+  for (const json& i : listed["instances"])
+    if (i["role"] == "decode") decode_info = i;
+  const int64_t capacity = decode_info.value("capacity_blocks", int64_t{0});
+  ASSERT_EQ(capacity, 256) << listed.dump();
+  constexpr int kRequests = 6;
+  std::vector<int> statuses(kRequests, 0);
+  std::vector<json> bodies(kRequests);
+  std::atomic<bool> done{false};
+  int64_t most_reserved = 0;
+  std::thread watcher([&] {
+    httplib::Client cli("127.0.0.1", c.port);
+    while (!done) {
+      if (auto r = cli.Get("/debug/instances")) {
+        const json now = json::parse(r->body);
+        for (const json& i : now["instances"])
+          if (i["role"] == "decode") most_reserved = std::max(most_reserved, i.value("reserved_blocks", int64_t{0}));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i)
+    clients.emplace_back([&, i] {
+      json body = completion("credits " + std::to_string(i), 400);
+      body["n"] = 4;
+      bodies[i] = post(c.port, "/v1/completions", body, &statuses[i]);
+    });
+  for (auto& t : clients) t.join();
+  done = true;
+  watcher.join();
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(statuses[i], 200) << bodies[i].dump();
+    ASSERT_EQ(bodies[i]["choices"].size(), 4u) << bodies[i].dump();
+    EXPECT_EQ(bodies[i]["usage"]["completion_tokens"], 1600);
+  }
+  EXPECT_GT(most_reserved, 0);
+  EXPECT_LE(most_reserved, capacity);
+  EXPECT_GE(metric(c.port, "tandem_router_credit_waits"), 1);
+  EXPECT_EQ(metric(c.port, "tandem_router_rejected_no_credits"), 0);
+  EXPECT_EQ(metric(c.port, "tandem_router_requests_waiting_for_credits"), 0);
+  const json after = json::parse(httplib::Client("127.0.0.1", c.port).Get("/debug/instances")->body);
+  for (const json& i : after["instances"]) EXPECT_EQ(i.value("reserved_blocks", int64_t{-1}), 0) << i.dump();
+  expect_drained(c.port);
 }
 
 // A client that goes away mid-stream ends both legs: the decode stops

@@ -498,6 +498,51 @@ TEST(PdProtocol, DropsAreCountedByReason) {
   EXPECT_EQ(count_messages(out, MessageKind::kRelease), 1);
 }
 
+// Blocks an ended transfer still holds (here: the router aborted while the
+// prefill can still write) are reported in every heartbeat, and the router
+// counts them against that instance until they are freed.
+TEST(PdProtocol, QuarantinedBlocksHoldBackTheRoutersCredits) {
+  ProtocolConfig config;
+  DecodeSide decode(kDecode, 1, 100, config);
+  decode.set_heartbeat_targets({kRouter});
+  Outputs out;
+  admit_write(decode, &out);
+  router_abort(decode, 100, &out);
+  ASSERT_EQ(decode.find(kTransfer)->state, DecodeState::kQuarantined);
+  EXPECT_EQ(decode.quarantined_blocks(), 7);
+  out.clear();
+  decode.on_timer(200, &out);
+  const Message* hb = nullptr;
+  for (const Message& m : out.messages)
+    if (m.kind == MessageKind::kHeartbeat) hb = &m;
+  ASSERT_NE(hb, nullptr);
+  EXPECT_EQ(hb->capacity_blocks, 100);
+  EXPECT_EQ(hb->quarantined_blocks, 7);
+
+  RouterCore router(kRouter, 1, config);
+  Message hbp = heartbeat(kPrefill, kRouter, Role::kPrefill);
+  hbp.capacity_blocks = 100;
+  router.on_message(hbp, 0, &out);
+  Message hbd = *hb;
+  hbd.to = kRouter;
+  hbd.quarantined_blocks = 95;  // 5 blocks left for new work
+  router.on_message(hbd, 0, &out);
+  out.clear();
+  RequestSpec spec;
+  spec.prompt_tokens = 40;  // 3 blocks of 16, plus 1 for its 16 outputs
+  spec.max_tokens = 16;
+  spec.n_siblings = 2;      // the second sibling: 1 output block and a copy of the last prompt block
+  EXPECT_EQ(decode_blocks(spec.prompt_tokens, spec.n_siblings, spec.max_tokens, 16), 6);
+  TransferId id = router.submit(spec, 1, &out);
+  EXPECT_EQ(router.find(id)->state, RouterState::kQueued) << "6 blocks do not fit in the 5 not quarantined";
+  EXPECT_EQ(count_messages(out, MessageKind::kStartDecode), 0);
+  hbd.quarantined_blocks = 94;
+  router.on_message(hbd, 500, &out);
+  EXPECT_EQ(router.find(id)->state, RouterState::kDispatched);
+  EXPECT_EQ(count_messages(out, MessageKind::kStartDecode), 1);
+  EXPECT_EQ(router.reserved_blocks(kDecode), 6);
+}
+
 // The router mints one id per request and reports exactly one terminal state.
 TEST(PdProtocol, RouterEndsEachRequestOnce) {
   ProtocolConfig config;

@@ -145,6 +145,8 @@ void run(const RouterBenchArgs& a) {
       info.api_port = static_cast<uint16_t>(fakes.back()->port);
       info.transfer_port = static_cast<uint16_t>(40000 + i);
       info.model_name = "fake";
+      info.max_model_len = 4096;
+      info.fingerprint.block_size = 16;
       info.capacity_blocks = 4096;
       std::string body = router::to_json(info).dump();
       auto r = cli.Post("/internal/register", {{router::kSignatureHeader, router::sign(secret, body)}}, body,

@@ -91,7 +91,7 @@ PdInstance::PdInstance(EngineCore& engine, const gguf::File& file, server::HttpS
   tc.self.epoch = epoch_;
   tc.self.role = options_.role;
   tc.self.fingerprint = instance::make_fingerprint(file, pool.shape(), options_.mode);
-  model_hash_ = tc.self.fingerprint.model_hash;
+  fingerprint_ = tc.self.fingerprint;
   tc.region = pool.data();
   tc.region_bytes = pool.size_bytes();
   tc.n_blocks = static_cast<int32_t>(pool.shape().n_blocks);
@@ -226,8 +226,9 @@ bool PdInstance::register_once(std::string* why) {
   info.api_port = static_cast<uint16_t>(api_port_);
   info.transfer_host = options_.transfer_host;
   info.transfer_port = transfer_port_;
-  info.model_hash = model_hash_;
+  info.fingerprint = fingerprint_;
   info.model_name = model_name_;
+  info.max_model_len = engine_.max_model_len();
   info.capacity_blocks = engine_.n_kv_blocks();
   std::string body = router::to_json(info).dump();
   auto url = router::parse_http_url(options_.router_url);
@@ -283,6 +284,7 @@ void PdInstance::heartbeat_loop() {
     json body = {{"node", options_.node},
                  {"epoch", epoch_},
                  {"free_blocks", engine_.n_kv_blocks() - m.kv_blocks_used.load()},
+                 {"quarantined_blocks", agent_->quarantined_blocks()},
                  {"waiting", m.waiting.load() + m.waiting_remote_kv.load()},
                  {"draining", draining_.load()},
                  {"registry_version", registry_version}};

@@ -59,7 +59,7 @@ class PdInstance {
   EngineCore& engine_;
   PdInstanceOptions options_;
   std::string model_name_;
-  uint64_t model_hash_ = 0;
+  transport::Fingerprint fingerprint_;  // sent at registration: the router refuses a mismatch
   pd::Epoch epoch_ = 1;
   std::string api_host_;
   int api_port_ = 0;

@@ -8,6 +8,7 @@
 #include "engine/stop_checker.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "util/block_budget.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -102,10 +103,8 @@ std::optional<std::string> EngineCore::add_request(EngineRequest request, Refusa
     return refuse(Refusal::kContextTooLong, "this model's maximum context length is " + std::to_string(max_model_len_) + " tokens, but " +
            std::to_string(n_prompt + p.max_tokens) + " were requested (" + std::to_string(n_prompt) +
            " in the prompt, " + std::to_string(p.max_tokens) + " in the completion); shorten the prompt or lower max_tokens");
-  // Worst case without any prefix sharing beyond the prompt: the prompt once,
-  // and every sibling's output in its own blocks (plus a copied last block).
-  const int64_t bs = config_.block_size;
-  const int64_t need = (n_prompt + p.max_tokens + bs - 1) / bs + (p.best_of - 1) * ((p.max_tokens + bs - 1) / bs + 1);
+  // Worst case without any prefix sharing beyond the prompt.
+  const int64_t need = worst_case_request_blocks(n_prompt, p.best_of, p.max_tokens, config_.block_size);
   if (need > n_blocks_)
     return refuse(Refusal::kTooLargeForCache, "the request needs up to " + std::to_string(need) + " KV blocks but the cache holds " +
            std::to_string(n_blocks_) + "; lower max_tokens, n or best_of, or give the server more KV cache memory");

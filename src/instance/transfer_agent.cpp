@@ -166,6 +166,7 @@ void TransferAgent::execute(pd::Outputs& out) {
   // runs the core again), and an inner call's earlier timer must not be lost.
   next_wake_ms_ = std::min(next_wake_ms_, out.wake_at_ms);
   out.clear();
+  quarantined_blocks_.store(core().quarantined_blocks(), std::memory_order_relaxed);
 }
 
 void TransferAgent::send(const pd::Message& m) {

@@ -113,6 +113,8 @@ class TransferAgent {
   // Thread-safe. Refuse new transfers from now on (shutdown); live ones go on.
   void begin_drain();
   uint16_t listen_port() const { return listen_port_; }
+  // Thread-safe. Blocks held by transfers that ended (for the router's credits).
+  int64_t quarantined_blocks() const { return quarantined_blocks_.load(std::memory_order_relaxed); }
 
   // A snapshot taken on the agent thread (bounded wait; nullopt if it does not answer).
   struct Snapshot {
@@ -151,6 +153,7 @@ class TransferAgent {
   TransferAgentConfig config_;
   uint16_t listen_port_ = 0;
   uint64_t block_bytes_ = 0;
+  std::atomic<int64_t> quarantined_blocks_{0};  // refreshed after every core call
   std::unique_ptr<pd::PrefillSide> prefill_;
   std::unique_ptr<pd::DecodeSide> decode_;
 

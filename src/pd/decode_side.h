@@ -50,6 +50,7 @@ class DecodeSide : public NodeCore {
     return pd::ages_by_state<decltype(transfers_), kDecodeStateCount>(transfers_, now_ms);
   }
   int64_t blocks_held() const { return blocks_held_by(transfers_); }
+  int64_t quarantined_blocks() const override { return blocks_quarantined_by(transfers_); }
   int64_t slots_held() const { return slots_held_by(transfers_); }
   // Siblings are children of their transfer: transfer -> {siblings} and
   // sibling -> transfer must describe the same relation. Returns "" when they

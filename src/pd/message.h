@@ -34,9 +34,12 @@ struct Message {
   Epoch to_epoch = 0;  // the receiver's epoch the sender addresses; 0 = any (heartbeats)
   TransferId transfer = 0;
 
-  // Heartbeat: what the sender is and how many blocks its pool has (the router's credits).
+  // Heartbeat: what the sender is, how many blocks its pool has, and how many
+  // of them ended transfers still hold (quarantined: the router's credits
+  // count them as taken until they are freed).
   Role role = Role::kRouter;
   int32_t capacity_blocks = 0;
+  int32_t quarantined_blocks = 0;
 
   // StartPrefill / StartDecode.
   TransferMode mode = TransferMode::kWrite;

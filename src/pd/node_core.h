@@ -117,6 +117,14 @@ int64_t slots_held_by(const Map& transfers) {
   for (const auto& [id, t] : transfers) n += t.slot != kNoSlot ? 1 : 0;
   return n;
 }
+// Blocks that ended transfers still hold (waiting for the peer's Release, an
+// RMA in flight, or a fence): no request owns them, yet they are not free.
+template <typename Map>
+int64_t blocks_quarantined_by(const Map& transfers) {
+  int64_t n = 0;
+  for (const auto& [id, t] : transfers) n += t.ending ? static_cast<int64_t>(t.blocks.size()) : 0;
+  return n;
+}
 template <size_t N, typename Map>
 std::array<int64_t, N> count_by_state_of(const Map& transfers) {
   std::array<int64_t, N> counts{};
@@ -174,6 +182,9 @@ class NodeCore {
   // Incarnations whose fence was asked for and has not completed (blocks
   // exposed to them stay quarantined until it does).
   const std::set<std::pair<NodeId, Epoch>>& fences_pending() const { return fences_pending_; }
+  // Blocks held by transfers that have ended (sent in heartbeats: the router
+  // counts them against this instance until they are freed).
+  virtual int64_t quarantined_blocks() const { return 0; }
 
  protected:
   // A message that passed the epoch checks (heartbeats and acks are handled here).

@@ -46,6 +46,7 @@ class PrefillSide : public NodeCore {
     return pd::ages_by_state<decltype(transfers_), kPrefillStateCount>(transfers_, now_ms);
   }
   int64_t blocks_held() const { return blocks_held_by(transfers_); }
+  int64_t quarantined_blocks() const override { return blocks_quarantined_by(transfers_); }
   int64_t slots_held() const { return slots_held_by(transfers_); }
 
  protected:

@@ -64,7 +64,9 @@ NodeId RouterCore::pick(Role role, int32_t blocks, bool* never_fits) const {
     if (!peer.alive || !peer.heard || peer.role != role) continue;
     any_live = true;
     if (peer.capacity_blocks >= blocks) any_could_fit = true;
-    int64_t free = peer.capacity_blocks - reserved_blocks(node);
+    // Blocks the instance still holds for ended transfers (quarantined) are
+    // not covered by any reservation here, yet they are not free.
+    int64_t free = peer.capacity_blocks - peer.quarantined_blocks - reserved_blocks(node);
     if (free >= blocks && free > best_free) {
       best = node;
       best_free = free;

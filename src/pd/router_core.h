@@ -61,8 +61,9 @@ class RouterCore : public NodeCore {
  private:
   // Dispatches queued requests in arrival order while credits allow.
   void dispatch(TimeMs now_ms, Outputs* out);
-  // Picks the live instance of `role` with the most free credits that fits
-  // `blocks`; 0 when none fits now. Sets *never_fits when no live instance of
+  // Picks the live instance of `role` with the most free credits (capacity,
+  // less this router's reservations and the blocks the instance reported
+  // quarantined) that fits `blocks`; 0 when none fits now. Sets *never_fits when no live instance of
   // that role could ever hold it.
   NodeId pick(Role role, int32_t blocks, bool* never_fits) const;
   void complete(RouterRequest& r, TimeMs now_ms, Outputs* out);

@@ -5,6 +5,8 @@
 #include <string>
 #include <string_view>
 
+#include "util/block_budget.h"
+
 namespace tandem::pd {
 
 // Minted by the router, one per client request; the only id that crosses instances.
@@ -124,17 +126,17 @@ struct ProtocolConfig {
 
 // Block arithmetic shared by the router's credits and the instances' allocations.
 inline int32_t blocks_for_tokens(int64_t tokens, int32_t block_size) {
-  return static_cast<int32_t>((tokens + block_size - 1) / block_size);
+  return static_cast<int32_t>(tandem::blocks_for_tokens(tokens, block_size));
 }
 // The prefill moves the KV of the first N-1 prompt tokens.
 inline int32_t moved_blocks(int32_t prompt_tokens, int32_t block_size) {
   return blocks_for_tokens(prompt_tokens - 1, block_size);
 }
-// The decode holds the whole prompt plus every sibling's outputs.
+// The decode holds the whole prompt plus every sibling's outputs, each
+// sibling after the first with its copy of the prompt's last block.
 inline int32_t decode_blocks(int32_t prompt_tokens, int32_t n_siblings, int32_t max_tokens,
                              int32_t block_size) {
-  return blocks_for_tokens(prompt_tokens, block_size) +
-         n_siblings * blocks_for_tokens(max_tokens, block_size);
+  return static_cast<int32_t>(worst_case_request_blocks(prompt_tokens, n_siblings, max_tokens, block_size));
 }
 
 }  // namespace tandem::pd

@@ -37,6 +37,22 @@ bool parse_mode(const std::string& s, pd::TransferMode* mode) {
   else return false;
   return true;
 }
+json fingerprint_json(const transport::Fingerprint& f) {
+  return {{"model_hash", f.model_hash}, {"kv_dtype", f.kv_dtype},     {"block_size", f.block_size},
+          {"kv_layout", f.kv_layout},   {"n_layers", f.n_layers},     {"n_kv_heads", f.n_kv_heads},
+          {"head_dim", f.head_dim},     {"protocol_version", f.protocol_version}};
+}
+
+bool read_fingerprint(const json& j, transport::Fingerprint* f, std::string* why) {
+  if (!j.is_object()) {
+    *why = "field 'fingerprint' must be an object";
+    return false;
+  }
+  return read(j, "model_hash", &f->model_hash, why) && read(j, "kv_dtype", &f->kv_dtype, why) &&
+         read(j, "block_size", &f->block_size, why) && read(j, "kv_layout", &f->kv_layout, why) &&
+         read(j, "n_layers", &f->n_layers, why) && read(j, "n_kv_heads", &f->n_kv_heads, why) &&
+         read(j, "head_dim", &f->head_dim, why) && read(j, "protocol_version", &f->protocol_version, why);
+}
 }  // namespace
 
 std::string sign(const std::string& secret, const std::string& body) {
@@ -57,10 +73,13 @@ json to_json(const InstanceInfo& i) {
           {"api_port", i.api_port},
           {"transfer_host", i.transfer_host},
           {"transfer_port", i.transfer_port},
-          {"model_hash", i.model_hash},
+          {"fingerprint", fingerprint_json(i.fingerprint)},
           {"model_name", i.model_name},
+          {"max_model_len", i.max_model_len},
           {"capacity_blocks", i.capacity_blocks},
           {"free_blocks", i.free_blocks},
+          {"quarantined_blocks", i.quarantined_blocks},
+          {"reserved_blocks", i.reserved_blocks},
           {"waiting", i.waiting},
           {"draining", i.draining},
           {"in_flight", i.in_flight},
@@ -77,9 +96,15 @@ std::optional<InstanceInfo> instance_from_json(const json& j, std::string* why) 
   if (!read(j, "node", &i.node, why) || !read(j, "epoch", &i.epoch, why) || !read(j, "role", &role, why) ||
       !read(j, "mode", &mode, why) || !read(j, "api_host", &i.api_host, why) || !read(j, "api_port", &i.api_port, why) ||
       !read(j, "transfer_host", &i.transfer_host, why) || !read(j, "transfer_port", &i.transfer_port, why) ||
-      !read(j, "model_hash", &i.model_hash, why) || !read(j, "model_name", &i.model_name, why) ||
+      !read(j, "model_name", &i.model_name, why) || !read(j, "max_model_len", &i.max_model_len, why) ||
       !read(j, "capacity_blocks", &i.capacity_blocks, why))
     return std::nullopt;
+  auto fp = j.find("fingerprint");
+  if (fp == j.end()) {
+    *why = "missing field 'fingerprint'";
+    return std::nullopt;
+  }
+  if (!read_fingerprint(*fp, &i.fingerprint, why)) return std::nullopt;
   if (!parse_role(role, &i.role)) {
     *why = "role must be prefill or decode";
     return std::nullopt;
@@ -88,8 +113,10 @@ std::optional<InstanceInfo> instance_from_json(const json& j, std::string* why) 
     *why = "mode must be write or read";
     return std::nullopt;
   }
-  if (i.epoch == 0 || i.capacity_blocks <= 0 || i.api_port == 0 || i.transfer_port == 0) {
-    *why = "epoch, capacity_blocks and ports must be positive";
+  i.fingerprint.mode = i.mode;
+  if (i.epoch == 0 || i.capacity_blocks <= 0 || i.api_port == 0 || i.transfer_port == 0 || i.max_model_len <= 0 ||
+      i.fingerprint.block_size <= 0) {
+    *why = "epoch, capacity_blocks, max_model_len, the block size and ports must be positive";
     return std::nullopt;
   }
   return i;

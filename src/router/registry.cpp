@@ -1,7 +1,11 @@
 #include "router/registry.h"
 
 #include <algorithm>
+#include <chrono>
 #include <tuple>
+
+#include "util/clock.h"
+#include "util/error.h"
 
 namespace tandem::router {
 
@@ -10,18 +14,10 @@ std::optional<std::string> Registry::add(InstanceInfo info, int64_t now_ms) {
   if (info.node <= 1) return "node id " + std::to_string(info.node) + " is reserved (0: none, 1: the router)";
   if (info.role != pd::Role::kPrefill && info.role != pd::Role::kDecode)
     return std::string("only prefill and decode instances register with a router");
-  // The first instance sets the cluster's model and mode; every later one must match.
-  if (instances_.empty()) {
-    cluster_model_hash_ = info.model_hash;
-    cluster_mode_ = info.mode;
-  } else {
-    if (info.model_hash != cluster_model_hash_)
-      return "model differs: this cluster serves the model with hash " + std::to_string(cluster_model_hash_) +
-             ", the instance has " + std::to_string(info.model_hash);
-    if (cluster_mode_ && info.mode != *cluster_mode_)
-      return "transfer mode differs: the cluster uses " + std::string(pd::name(*cluster_mode_)) +
-             ", the instance " + std::string(pd::name(info.mode));
-  }
+  // The first instance sets the cluster's fingerprint; every later one must match.
+  if (instances_.empty()) cluster_fingerprint_ = info.fingerprint;
+  if (auto diff = transport::fingerprint_difference(*cluster_fingerprint_, info.fingerprint, "the cluster", "this instance"))
+    return *diff;
   auto it = instances_.find(info.node);
   if (it != instances_.end()) {
     const InstanceInfo& old = it->second;
@@ -35,26 +31,36 @@ std::optional<std::string> Registry::add(InstanceInfo info, int64_t now_ms) {
         (old.transfer_host != info.transfer_host || old.transfer_port != info.transfer_port))
       return "node id " + std::to_string(info.node) + " is already registered by another instance (" +
              old.transfer_host + ":" + std::to_string(old.transfer_port) + ")";
-    info.in_flight = info.epoch == old.epoch ? old.in_flight : 0;
+    // A new incarnation knows nothing of the old one's requests; their
+    // reservations are released as they end (done() finds the node).
+    info.in_flight = old.in_flight;
+    info.reserved_blocks = old.reserved_blocks;
     info.requests = old.requests;
+    info.registration = old.registration;
+  } else {
+    info.registration = next_registration_++;
   }
   info.last_heard_ms = now_ms;
   info.registered_ms = now_ms;
   info.free_blocks = info.capacity_blocks;
   instances_[info.node] = std::move(info);
   ++version_;
+  credits_changed();
   return std::nullopt;
 }
 
-bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, int64_t free_blocks, int64_t waiting, bool draining,
-                         int64_t now_ms) {
+bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& load, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = instances_.find(node);
   if (it == instances_.end() || it->second.epoch != epoch) return false;
-  it->second.free_blocks = free_blocks;
-  it->second.waiting = waiting;
-  it->second.draining = draining;
-  it->second.last_heard_ms = now_ms;
+  InstanceInfo& i = it->second;
+  const bool freed = load.quarantined_blocks < i.quarantined_blocks;
+  i.free_blocks = load.free_blocks;
+  i.quarantined_blocks = std::clamp<int64_t>(load.quarantined_blocks, 0, i.capacity_blocks);
+  i.waiting = load.waiting;
+  i.draining = load.draining;
+  i.last_heard_ms = now_ms;
+  if (freed) credits_changed();
   return true;
 }
 
@@ -70,29 +76,94 @@ int Registry::evict_silent(int64_t now_ms) {
     }
   }
   evictions_ += n;
-  if (n > 0) ++version_;
-  if (instances_.empty()) cluster_mode_.reset();
+  if (n > 0) {
+    ++version_;
+    credits_changed();  // a waiter may now find that nothing left can hold its request
+  }
+  if (instances_.empty()) cluster_fingerprint_.reset();
   return n;
 }
 
-std::optional<InstanceInfo> Registry::pick(pd::Role role, const std::vector<pd::NodeId>& avoid) {
+Pick Registry::pick(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>& avoid) {
   std::lock_guard<std::mutex> lock(mu_);
-  InstanceInfo* best = nullptr;
-  auto load = [](const InstanceInfo& i) { return std::make_tuple(i.in_flight, i.waiting, -i.free_blocks, i.node); };
+  InstanceInfo* best = nullptr;      // among those with the credits free now
+  InstanceInfo* fallback = nullptr;  // among all: when none could ever hold it
+  bool could_fit = false;
+  auto load = [](const InstanceInfo& i) { return std::make_tuple(i.in_flight, i.waiting, -i.free_credits(), i.node); };
   for (auto& [node, info] : instances_) {
     if (info.role != role || info.draining || std::find(avoid.begin(), avoid.end(), node) != avoid.end()) continue;
-    if (best == nullptr || load(info) < load(*best)) best = &info;
+    if (fallback == nullptr || load(info) < load(*fallback)) fallback = &info;
+    if (info.capacity_blocks >= blocks) could_fit = true;
+    if (info.free_credits() >= blocks && (best == nullptr || load(info) < load(*best))) best = &info;
   }
-  if (best == nullptr) return std::nullopt;
+  Pick p;
+  if (best == nullptr && could_fit) {
+    p.must_wait = true;
+    return p;
+  }
+  if (best == nullptr) best = fallback;
+  if (best == nullptr) return p;
   ++best->in_flight;
   ++best->requests;
-  return *best;
+  best->reserved_blocks += blocks;
+  p.instance = *best;
+  return p;
 }
 
-void Registry::done(pd::NodeId node) {
+InstanceInfo* Registry::entry_of(const InstanceInfo& picked) {
+  auto it = instances_.find(picked.node);
+  // Evicted (its credits went with it), or evicted and registered anew.
+  if (it == instances_.end() || it->second.registration != picked.registration) return nullptr;
+  return &it->second;
+}
+
+void Registry::adjust(const InstanceInfo& picked, int64_t delta_blocks) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = instances_.find(node);
-  if (it != instances_.end() && it->second.in_flight > 0) --it->second.in_flight;
+  InstanceInfo* i = entry_of(picked);
+  if (i == nullptr) return;
+  i->reserved_blocks += delta_blocks;
+  TANDEM_ASSERT(i->reserved_blocks >= 0, "router credits went negative");
+  if (delta_blocks < 0) credits_changed();
+}
+
+void Registry::done(const InstanceInfo& picked, int64_t blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  InstanceInfo* i = entry_of(picked);
+  if (i == nullptr) return;
+  TANDEM_ASSERT(i->in_flight > 0, "a request ended twice");
+  --i->in_flight;
+  i->reserved_blocks -= blocks;
+  TANDEM_ASSERT(i->reserved_blocks >= 0, "router credits went negative");
+  credits_changed();
+}
+
+void Registry::credits_changed() {
+  ++credits_version_;
+  credits_cv_.notify_all();
+}
+
+bool Registry::wait_for_credits(int64_t deadline_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t seen = credits_version_;
+  ++waiting_for_credits_;
+  const int64_t left_ms = std::max<int64_t>(0, deadline_ms - monotonic_ms());
+  bool changed = credits_cv_.wait_for(lock, std::chrono::milliseconds(left_ms), [&] { return credits_version_ != seen; });
+  --waiting_for_credits_;
+  return changed;
+}
+
+int64_t Registry::waiting_for_credits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_for_credits_;
+}
+
+std::optional<Registry::Limits> Registry::limits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (instances_.empty() || !cluster_fingerprint_) return std::nullopt;
+  Limits l;
+  l.block_size = cluster_fingerprint_->block_size;
+  for (const auto& [node, info] : instances_) l.max_model_len = std::max(l.max_model_len, info.max_model_len);
+  return l;
 }
 
 std::vector<InstanceInfo> Registry::list() const {

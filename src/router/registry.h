@@ -1,9 +1,16 @@
 // The router's registry of instances: who they are (role, node, epoch,
-// addresses, model), whether they are alive (heartbeats; eviction on
-// silence), and how loaded (free KV blocks, queue depth, requests in flight).
-// Thread-safe: HTTP handler threads register, heartbeat and pick.
+// addresses, model and KV layout), whether they are alive (heartbeats;
+// eviction on silence), how loaded (free KV blocks, queue depth, requests in
+// flight), and the block credits the router has reserved on each.
+//
+// Credits: a picked request reserves its worst case (util/block_budget.h) on
+// the instance until released. An instance's free credits are its capacity,
+// less those reservations, less the blocks it reports quarantined (held by
+// transfers that ended; no reservation covers them any more). Thread-safe:
+// HTTP handler threads register, heartbeat, pick and wait for credits.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -12,6 +19,7 @@
 #include <vector>
 
 #include "pd/types.h"
+#include "transport/handshake.h"
 
 namespace tandem::router {
 
@@ -24,11 +32,15 @@ struct InstanceInfo {
   uint16_t api_port = 0;
   std::string transfer_host;
   uint16_t transfer_port = 0;
-  uint64_t model_hash = 0;
+  // Model identity, KV dtype and layout, block size, protocol version: what
+  // the transfer hand-shake checks too, checked here at registration.
+  transport::Fingerprint fingerprint;
   std::string model_name;
+  int64_t max_model_len = 0;
   int64_t capacity_blocks = 0;
   // From heartbeats.
   int64_t free_blocks = 0;
+  int64_t quarantined_blocks = 0;
   int64_t waiting = 0;
   bool draining = false;  // shutting down: not picked for new requests
   int64_t last_heard_ms = 0;
@@ -36,6 +48,27 @@ struct InstanceInfo {
   // Router side.
   int64_t in_flight = 0;
   int64_t requests = 0;
+  int64_t reserved_blocks = 0;
+  // Which entry of this node the router's reservations were made on: an
+  // evicted node that registers again starts a new one, and what the old
+  // entry's requests return on ending does not touch it.
+  uint64_t registration = 0;
+  int64_t free_credits() const { return capacity_blocks - quarantined_blocks - reserved_blocks; }
+};
+
+// What an instance's heartbeat says of its load.
+struct InstanceLoad {
+  int64_t free_blocks = 0;
+  int64_t quarantined_blocks = 0;
+  int64_t waiting = 0;
+  bool draining = false;
+};
+
+struct Pick {
+  std::optional<InstanceInfo> instance;  // picked, with `blocks` reserved on it
+  // Nothing picked: an instance could hold the request, but none has the
+  // credits free now (wait_for_credits, then pick again).
+  bool must_wait = false;
 };
 
 class Registry {
@@ -43,20 +76,40 @@ class Registry {
   explicit Registry(int64_t eviction_ms) : eviction_ms_(eviction_ms) {}
 
   // Registers (or re-registers in a newer epoch) an instance. Returns an error
-  // message when it cannot join: another model than the cluster's, another
-  // transfer mode, a node id taken by another address, an older epoch.
+  // message when it cannot join: a fingerprint that differs from the
+  // cluster's (model, KV dtype, block size, layout, shape, protocol version,
+  // transfer mode: the message names the field), a node id taken by another
+  // address, an older epoch.
   std::optional<std::string> add(InstanceInfo info, int64_t now_ms);
   // False when the node is unknown or the epoch is not the registered one
   // (the instance must register again).
-  bool heartbeat(pd::NodeId node, pd::Epoch epoch, int64_t free_blocks, int64_t waiting, bool draining,
-                 int64_t now_ms);
+  bool heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& load, int64_t now_ms);
   // Drops instances silent for eviction_ms; returns how many.
   int evict_silent(int64_t now_ms);
-  // The live instance of `role` with the fewest requests in flight here (then
-  // the shortest queue, then the most free blocks), excluding `avoid`. Counts
-  // the pick as in flight until done(node).
-  std::optional<InstanceInfo> pick(pd::Role role, const std::vector<pd::NodeId>& avoid = {});
-  void done(pd::NodeId node);
+  // Among the live instances of `role` not in `avoid` whose free credits hold
+  // `blocks`: the one with the fewest requests in flight here (then the
+  // shortest queue, then the most free credits). Reserves `blocks` on it and
+  // counts the request in flight until done(). When no instance could ever
+  // hold `blocks`, the least loaded is picked all the same: the instance
+  // refuses the request with its own reason, which the client gets.
+  Pick pick(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>& avoid = {});
+  // Changes the reservation on `node` by `delta_blocks` (negative: returned;
+  // a reservation corrected to the request's exact size, or the prefill's
+  // returned once its KV has moved).
+  void adjust(const InstanceInfo& picked, int64_t delta_blocks);
+  // The request is over on the picked instance: no longer in flight, `blocks` released.
+  void done(const InstanceInfo& picked, int64_t blocks);
+  // Waits until credits may have been freed (a release, a heartbeat, a new
+  // instance) or deadline_ms passes; false at the deadline.
+  bool wait_for_credits(int64_t deadline_ms);
+  int64_t waiting_for_credits() const;
+  // The cluster's block size and the longest context of its instances
+  // (nullopt while none is registered).
+  struct Limits {
+    int64_t block_size = 16;
+    int64_t max_model_len = 0;
+  };
+  std::optional<Limits> limits() const;
   std::vector<InstanceInfo> list() const;
   int count(pd::Role role) const;
   int64_t evictions() const;
@@ -68,10 +121,15 @@ class Registry {
   int64_t eviction_ms_;
   mutable std::mutex mu_;
   std::map<pd::NodeId, InstanceInfo> instances_;
-  uint64_t cluster_model_hash_ = 0;
-  std::optional<pd::TransferMode> cluster_mode_;
+  std::condition_variable credits_cv_;
+  uint64_t credits_version_ = 0;  // grows whenever credits may have been freed
+  int64_t waiting_for_credits_ = 0;
+  std::optional<transport::Fingerprint> cluster_fingerprint_;
   int64_t evictions_ = 0;
+  void credits_changed();  // under mu_
   uint64_t version_ = 1;
+  uint64_t next_registration_ = 1;
+  InstanceInfo* entry_of(const InstanceInfo& picked);  // under mu_; null when gone
 };
 
 }  // namespace tandem::router

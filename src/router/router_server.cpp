@@ -72,10 +72,20 @@ struct Upstream {
   std::deque<std::string> chunks;
   bool ended = false;
   std::string error;
+  bool saw_output = false;  // a chunk with the first choice came
   std::atomic<bool> cancel{false};
+  httplib::Client* client = nullptr;  // the reader's, while its call is under way
   std::thread reader;
-  ~Upstream() {
+  // Ends the call at once: the reader's socket is shut down (the one thing
+  // cpp-httplib allows from another thread), so a reader blocked on a
+  // silent decode returns now, not at its read timeout.
+  void stop() {
+    std::lock_guard<std::mutex> lock(mu);
     cancel = true;
+    if (client != nullptr) client->stop();
+  }
+  ~Upstream() {
+    stop();
     if (reader.joinable()) reader.join();
   }
 };
@@ -181,9 +191,15 @@ void RouterServer::install_routes() {
   s.Post("/internal/heartbeat", [this, signed_body](const httplib::Request& req, httplib::Response& res) {
     auto j = signed_body(req, res);
     if (!j) return;
-    bool known = j->is_object() &&
-                 registry_.heartbeat(j->value("node", 0u), j->value("epoch", 0u), j->value("free_blocks", int64_t{0}),
-                                     j->value("waiting", int64_t{0}), j->value("draining", false), monotonic_ms());
+    bool known = false;
+    if (j->is_object()) {
+      InstanceLoad load;
+      load.free_blocks = j->value("free_blocks", int64_t{0});
+      load.quarantined_blocks = j->value("quarantined_blocks", int64_t{0});
+      load.waiting = j->value("waiting", int64_t{0});
+      load.draining = j->value("draining", false);
+      known = registry_.heartbeat(j->value("node", 0u), j->value("epoch", 0u), load, monotonic_ms());
+    }
     if (!known) return send_json(res, 404, {{"error", "unknown node or epoch: register again"}});
     // The list only when it changed since the instance last saw it: a
     // heartbeat costs O(1), not O(instances).
@@ -211,10 +227,16 @@ void RouterServer::install_routes() {
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     std::vector<server::ModelCard> cards;
     for (const InstanceInfo& i : registry_.list()) {
-      if (std::any_of(cards.begin(), cards.end(), [&](auto& c) { return c.id == i.model_name; })) continue;
+      auto known = std::find_if(cards.begin(), cards.end(), [&](auto& c) { return c.id == i.model_name; });
+      if (known != cards.end()) {
+        // What every instance can serve: the shortest context among them.
+        known->max_model_len = std::min(known->max_model_len, i.max_model_len);
+        continue;
+      }
       server::ModelCard c;
       c.id = i.model_name;
       c.created = static_cast<int64_t>(std::time(nullptr));
+      c.max_model_len = i.max_model_len;
       cards.push_back(c);
     }
     send_json(res, 200, server::models_response(cards));
@@ -255,6 +277,12 @@ void RouterServer::install_routes() {
           static_cast<double>(counters_.rejected_overload.load()));
     gauge("tandem_router_rejected_no_instance", "Requests refused for want of an instance",
           static_cast<double>(counters_.rejected_no_instance.load()));
+    gauge("tandem_router_requests_waiting_for_credits", "Requests waiting at the router for KV credits now",
+          static_cast<double>(registry_.waiting_for_credits()));
+    gauge("tandem_router_credit_waits", "Requests that had to wait for KV credits",
+          static_cast<double>(counters_.credit_waits.load()));
+    gauge("tandem_router_rejected_no_credits", "Requests refused after waiting credit_wait_ms for KV credits",
+          static_cast<double>(counters_.rejected_no_credits.load()));
     gauge("tandem_router_bad_signatures", "Instance calls with a wrong cluster signature",
           static_cast<double>(counters_.bad_signatures.load()));
     gauge("tandem_router_instances", "Registered instances", registry_.count(pd::Role::kPrefill), "{role=\"prefill\"}");
@@ -289,6 +317,65 @@ void RouterServer::install_routes() {
   });
 }
 
+// Credits of one attempt, returned as it goes: the prefill's once the decode's
+// first output shows its KV has moved, the rest when the attempt ends.
+struct AttemptCredits {
+  std::atomic<int64_t> prefill{0};
+  std::atomic<int64_t> decode{0};
+};
+
+// Sets `held` to `exact` unless it was already returned (0); the registry's
+// reservation on `node` follows the difference.
+void correct_credits(Registry& registry, const InstanceInfo& picked, std::atomic<int64_t>& held, int64_t exact) {
+  int64_t current = held.load();
+  while (current != 0 && !held.compare_exchange_weak(current, exact)) {
+  }
+  if (current != 0 && current != exact) registry.adjust(picked, exact - current);
+}
+
+std::optional<RouterServer::Pair> RouterServer::pick_pair(const RequestShape& shape, const std::vector<pd::NodeId>& avoid_prefill,
+                                                          const std::vector<pd::NodeId>& avoid_decode, int64_t deadline_ms,
+                                                          ApiError* refusal) {
+  bool counted = false;
+  for (;;) {
+    auto limits = registry_.limits();
+    Pair pair;
+    Pick p, d;
+    if (limits) {
+      pair.prefill_credits = prefill_credits(shape, limits->block_size, limits->max_model_len);
+      pair.decode_credits = decode_credits(shape, limits->block_size, limits->max_model_len);
+      p = registry_.pick(pd::Role::kPrefill, pair.prefill_credits, avoid_prefill);
+      if (p.instance) {
+        d = registry_.pick(pd::Role::kDecode, pair.decode_credits, avoid_decode);
+        if (d.instance) {
+          pair.prefill = *p.instance;
+          pair.decode = *d.instance;
+          return pair;
+        }
+        registry_.done(*p.instance, pair.prefill_credits);  // both legs or neither
+      }
+    }
+    const char* role = !p.instance ? "prefill" : "decode";
+    if (!(p.instance ? d.must_wait : p.must_wait)) {
+      ++counters_.rejected_no_instance;
+      *refusal = no_instance(role);
+      return std::nullopt;
+    }
+    // Every instance that could hold the request has its credits taken:
+    // wait (bounded, and counted in /metrics) for some to be returned.
+    if (!counted) ++counters_.credit_waits;
+    counted = true;
+    if (monotonic_ms() >= deadline_ms || (!registry_.wait_for_credits(deadline_ms) && monotonic_ms() >= deadline_ms)) {
+      ++counters_.rejected_no_credits;
+      *refusal = server::engine_unavailable(
+          std::string("every ") + role + " instance's KV cache is reserved by requests in flight (waited " +
+          std::to_string(config_.credit_wait_ms) + " ms for room); retry after a short wait, or add " + role +
+          " instances");
+      return std::nullopt;
+    }
+  }
+}
+
 void RouterServer::generate(const httplib::Request& req, httplib::Response& res, const std::string& path) {
   ++counters_.requests;
   json body = json::parse(req.body, nullptr, false);
@@ -299,6 +386,8 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
                                             " requests in flight; retry after a short wait");
     return send_error(res, e);
   }
+  const RequestShape shape = estimate_shape(body, path == "/v1/chat/completions");
+  const int64_t credit_deadline_ms = monotonic_ms() + config_.credit_wait_ms;
   // A request is retried on other instances only while nothing has been
   // sent to the client: a leg that cannot be reached or answers 5xx before
   // the decode's response began.
@@ -306,29 +395,27 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
   std::vector<pd::NodeId> avoid_prefill, avoid_decode;
   std::string last_error;
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
-    auto prefill = registry_.pick(pd::Role::kPrefill, avoid_prefill);
-    if (!prefill) {
-      ++counters_.rejected_no_instance;
+    ApiError refusal;
+    auto pair = pick_pair(shape, avoid_prefill, avoid_decode, credit_deadline_ms, &refusal);
+    if (!pair) {
       if (attempt > 0) break;
-      return send_error(res, no_instance("prefill"));
+      return send_error(res, refusal);
     }
-    auto decode = registry_.pick(pd::Role::kDecode, avoid_decode);
-    if (!decode) {
-      registry_.done(prefill->node);
-      ++counters_.rejected_no_instance;
-      if (attempt > 0) break;
-      return send_error(res, no_instance("decode"));
-    }
+    const InstanceInfo& prefill = pair->prefill;
+    const InstanceInfo& decode = pair->decode;
     const pd::TransferId transfer = mint();
     ++in_flight_;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      transfers_[transfer] = {transfer, prefill->node, decode->node, monotonic_ms(), "prefill"};
+      transfers_[transfer] = {transfer, prefill.node, decode.node, monotonic_ms(), "prefill"};
     }
+    auto credits = std::make_shared<AttemptCredits>();
+    credits->prefill = pair->prefill_credits;
+    credits->decode = pair->decode_credits;
     // Every attempt ends through `finish`, exactly once.
-    auto finish = [this, transfer, p = prefill->node, d = decode->node](int outcome) {
-      registry_.done(p);
-      registry_.done(d);
+    auto finish = [this, transfer, p = prefill, d = decode, credits](int outcome) {
+      registry_.done(p, credits->prefill.exchange(0));
+      registry_.done(d, credits->decode.exchange(0));
       --in_flight_;
       ++(outcome == kEndCompleted ? counters_.completed : outcome == kEndRetried ? counters_.retries : counters_.failed);
       std::lock_guard<std::mutex> lock(mu_);
@@ -337,84 +424,134 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
 
     KvTransferParams kp;
     kp.transfer = transfer;
-    kp.mode = prefill->mode;
+    kp.mode = prefill.mode;
     kp.router_epoch = config_.epoch;
     kp.budget_ms = config_.request_timeout_ms;
+    // The decode leg, read on its own thread so the client's connection can
+    // stream what arrives. WRITE sends it at once, beside the prefill's (the
+    // decode allocates and sends its block addresses while the prefill
+    // computes); READ after the prefill accepted (the decode reads what the
+    // prefill computed, so there is nothing for it to do earlier).
+    auto up = std::make_shared<Upstream>();
+    const bool parallel = prefill.mode == pd::TransferMode::kWrite;
+    auto start_decode_leg = [&] {
+      // The thread uses the Upstream through a plain pointer: its owner joins
+      // it before the Upstream goes (so the thread never holds the last reference).
+      up->reader = std::thread([this, up = up.get(), d = decode, path, text = leg_body(body, kp, prefill).dump(),
+                                kv_moved = [this, p = prefill, credits] {
+                                  registry_.adjust(p, -credits->prefill.exchange(0));
+                                }] {
+        httplib::Client cli(d.api_host, d.api_port);
+        cli.set_tcp_nodelay(true);
+        cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
+        cli.set_read_timeout(config_.request_timeout_ms / 1000, 0);
+        {
+          std::lock_guard<std::mutex> lock(up->mu);
+          if (up->cancel) {
+            up->status = -1;
+            up->error = "cancelled";
+            up->ended = true;
+            up->cv.notify_all();
+            return;
+          }
+          up->client = &cli;
+        }
+        httplib::Request r;
+        r.method = "POST";
+        r.path = path;
+        r.body = text;
+        r.set_header("Content-Type", "application/json");
+        r.response_handler = [up](const httplib::Response& response) {
+          std::lock_guard<std::mutex> lock(up->mu);
+          up->status = response.status;
+          up->content_type = response.get_header_value("Content-Type");
+          up->cv.notify_all();
+          return true;
+        };
+        r.content_receiver = [up, &kv_moved](const char* data, size_t len, uint64_t, uint64_t) {
+          bool first_output = false;
+          {
+            std::lock_guard<std::mutex> lock(up->mu);
+            up->chunks.emplace_back(data, len);
+            // The first choice out of the decode: the KV it needed has moved,
+            // so the prefill's blocks are on their way back to its pool.
+            if (!up->saw_output && up->chunks.back().find("\"choices\"") != std::string::npos)
+              first_output = up->saw_output = true;
+            up->cv.notify_all();
+          }
+          if (first_output) kv_moved();
+          return !up->cancel.load();  // false closes the connection: the decode aborts
+        };
+        httplib::Response response;
+        httplib::Error err = httplib::Error::Success;
+        bool sent = cli.send(r, response, err);
+        std::lock_guard<std::mutex> lock(up->mu);
+        up->client = nullptr;
+        if (!sent && up->status == 0) {
+          up->status = -1;
+          up->error = httplib::to_string(err);
+        } else if (!sent && !up->cancel) {
+          // The decode went away mid-response (crashed, cut off).
+          up->error = "the decode instance (node " + std::to_string(d.node) + ") failed mid-response: " + httplib::to_string(err);
+        }
+        up->ended = true;
+        up->cv.notify_all();
+      });
+    };
+    // An attempt given up before its first byte: the decode leg ends too.
+    auto drop_decode_leg = [&] {
+      if (!up->reader.joinable()) return;
+      up->stop();
+      abort_leg(decode, transfer);
+    };
+    if (parallel) start_decode_leg();
+
     // The prefill leg: it validates and tokenizes as the decode will, accepts
-    // and computes; its answer comes at once.
-    json prefill_body = leg_body(body, kp, *decode);
-    // The prefill's answer is an acceptance, never a stream.
+    // and computes; its answer (never a stream) comes at once, with the
+    // request's exact size for the credits.
+    json prefill_body = leg_body(body, kp, decode);
     prefill_body["stream"] = false;
     prefill_body.erase("stream_options");
     {
-      httplib::Client cli(prefill->api_host, prefill->api_port);
+      httplib::Client cli(prefill.api_host, prefill.api_port);
       cli.set_tcp_nodelay(true);
       cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
       cli.set_read_timeout(30, 0);
       auto r = cli.Post(path, prefill_body.dump(), "application/json");
       if (r && r->status >= 400 && r->status < 500) {
         // The request itself is wrong: the instance's OpenAI error goes back as is.
+        drop_decode_leg();
         finish(kEndFailed);
         res.status = r->status;
         res.set_content(r->body, "application/json");
         return;
       }
       if (!r || r->status != 200) {
-        last_error = "the prefill instance (node " + std::to_string(prefill->node) + ") " +
+        last_error = "the prefill instance (node " + std::to_string(prefill.node) + ") " +
                      (r ? "answered HTTP " + std::to_string(r->status) : "could not be reached");
-        if (r) abort_leg(*prefill, transfer);
+        if (r) abort_leg(prefill, transfer);
+        drop_decode_leg();
         finish(kEndRetried);
-        avoid_prefill.push_back(prefill->node);
+        avoid_prefill.push_back(prefill.node);
         continue;
+      }
+      json accepted = json::parse(r->body, nullptr, false);
+      if (accepted.is_object() && accepted.contains("prompt_tokens")) {
+        RequestShape exact;
+        exact.prompt_tokens = accepted.value("prompt_tokens", shape.prompt_tokens);
+        exact.n_sequences = accepted.value("best_of", shape.n_sequences);
+        exact.max_tokens = accepted.value("max_tokens", shape.max_tokens);
+        const int64_t len = std::max<int64_t>(exact.prompt_tokens + exact.max_tokens, 1);
+        const int64_t bs = prefill.fingerprint.block_size;
+        correct_credits(registry_, prefill, credits->prefill, prefill_credits(exact, bs, len));
+        correct_credits(registry_, decode, credits->decode, decode_credits(exact, bs, len));
       }
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
       transfers_[transfer].phase = "decode";
     }
-    // The decode leg, read on its own thread so the client's connection can
-    // stream what arrives.
-    json decode_body = leg_body(body, kp, *prefill);
-    auto up = std::make_shared<Upstream>();
-    // The thread uses the Upstream through a plain pointer: its owner joins it
-    // before the Upstream goes (so the thread never holds the last reference).
-    up->reader = std::thread([this, up = up.get(), d = *decode, path, text = decode_body.dump()] {
-      httplib::Client cli(d.api_host, d.api_port);
-      cli.set_tcp_nodelay(true);
-      cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
-      cli.set_read_timeout(config_.request_timeout_ms / 1000, 0);
-      httplib::Request r;
-      r.method = "POST";
-      r.path = path;
-      r.body = text;
-      r.set_header("Content-Type", "application/json");
-      r.response_handler = [up](const httplib::Response& response) {
-        std::lock_guard<std::mutex> lock(up->mu);
-        up->status = response.status;
-        up->content_type = response.get_header_value("Content-Type");
-        up->cv.notify_all();
-        return true;
-      };
-      r.content_receiver = [up](const char* data, size_t len, uint64_t, uint64_t) {
-        std::lock_guard<std::mutex> lock(up->mu);
-        up->chunks.emplace_back(data, len);
-        up->cv.notify_all();
-        return !up->cancel.load();  // false closes the connection: the decode aborts
-      };
-      httplib::Response response;
-      httplib::Error err = httplib::Error::Success;
-      bool sent = cli.send(r, response, err);
-      std::lock_guard<std::mutex> lock(up->mu);
-      if (!sent && up->status == 0) {
-        up->status = -1;
-        up->error = httplib::to_string(err);
-      } else if (!sent && !up->cancel) {
-        // The decode went away mid-response (crashed, cut off).
-        up->error = "the decode instance (node " + std::to_string(d.node) + ") failed mid-response: " + httplib::to_string(err);
-      }
-      up->ended = true;
-      up->cv.notify_all();
-    });
+    if (!parallel) start_decode_leg();
     int status = 0;
     {
       std::unique_lock<std::mutex> lock(up->mu);
@@ -427,7 +564,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
         std::unique_lock<std::mutex> lock(up->mu);
         up->cv.wait_for(lock, std::chrono::seconds(5), [&] { return up->ended; });
       }
-      abort_leg(*prefill, transfer);
+      abort_leg(prefill, transfer);
       if (status >= 400 && status < 500) {
         finish(kEndFailed);
         std::string text;
@@ -436,13 +573,12 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
         res.set_content(text, "application/json");
         return;
       }
-      last_error = "the decode instance (node " + std::to_string(decode->node) + ") " +
+      last_error = "the decode instance (node " + std::to_string(decode.node) + ") " +
                    (status > 0 ? "answered HTTP " + std::to_string(status) : "could not be reached: " + up->error);
       finish(kEndRetried);
-      avoid_decode.push_back(decode->node);
+      avoid_decode.push_back(decode.node);
       continue;
     }
-    auto prefill_info = *prefill;
     res.set_chunked_content_provider(
         up->content_type.empty() ? "application/json" : up->content_type,
         [up, stream = body.value("stream", false)](size_t, httplib::DataSink& sink) {
@@ -473,11 +609,11 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
             }
           }
         },
-        [this, up, finish, prefill_info, transfer](bool success) {
+        [this, up, finish, prefill_info = prefill, transfer](bool success) {
           if (!success) {
             // The client left: both legs end.
             ++counters_.client_aborts;
-            up->cancel = true;
+            up->stop();
             abort_leg(prefill_info, transfer);
           }
           finish(success ? kEndCompleted : kEndFailed);

@@ -14,10 +14,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "router/registry.h"
+#include "router/request_shape.h"
+#include "server/api_error.h"
 
 namespace httplib {
 class Server;
@@ -43,6 +47,9 @@ struct RouterConfig {
   int http_threads = 256;
   int max_queued_connections = 256;
   int upstream_connect_timeout_ms = 3000;
+  // How long a request may wait at the router for KV credits (every instance
+  // that could hold it has them reserved) before it is answered 503.
+  int64_t credit_wait_ms = 30'000;
 };
 
 struct RouterCounters {
@@ -53,6 +60,8 @@ struct RouterCounters {
   std::atomic<int64_t> client_aborts{0};
   std::atomic<int64_t> rejected_overload{0};
   std::atomic<int64_t> rejected_no_instance{0};
+  std::atomic<int64_t> credit_waits{0};          // requests that waited for KV credits
+  std::atomic<int64_t> rejected_no_credits{0};   // ... and got none within credit_wait_ms
   std::atomic<int64_t> bad_signatures{0};
   std::atomic<int64_t> registrations{0};
   std::atomic<int64_t> registrations_refused{0};
@@ -80,6 +89,16 @@ class RouterServer {
     std::string phase;
   };
   void install_routes();
+  // A prefill and a decode with the request's credits reserved on both (or
+  // neither), waiting for credits until deadline_ms; nullopt with the
+  // client's answer in *refusal (no such instance, or no credits in time).
+  struct Pair {
+    InstanceInfo prefill, decode;
+    int64_t prefill_credits = 0, decode_credits = 0;
+  };
+  std::optional<Pair> pick_pair(const RequestShape& shape, const std::vector<pd::NodeId>& avoid_prefill,
+                                const std::vector<pd::NodeId>& avoid_decode, int64_t deadline_ms,
+                                server::ApiError* refusal);
   // One client completion or chat request: pick, hand over, relay (retrying
   // on other instances while nothing has reached the client).
   void generate(const httplib::Request& req, httplib::Response& res, const std::string& path);

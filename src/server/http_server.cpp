@@ -340,8 +340,14 @@ void HttpServer::install_routes() {
         if (auto err = pd_hook_.submit(kv, std::move(prompt), params, pd_hook_.prefill ? OutputSink{} : OutputSink{sink},
                                        &transfer))
           return send_error(res, invalid_value("kv_transfer_params", *err));
+        // The acceptance tells the router the request's exact size (its
+        // credits were reserved on an estimate: it tokenizes nothing).
         if (pd_hook_.prefill)
-          return send_json(res, 200, {{"status", "accepted"}, {"kv_transfer_params", body["kv_transfer_params"]}});
+          return send_json(res, 200, {{"status", "accepted"},
+                                      {"kv_transfer_params", body["kv_transfer_params"]},
+                                      {"prompt_tokens", job->prompt_tokens},
+                                      {"max_tokens", params.max_tokens},
+                                      {"best_of", params.best_of}});
         job->abort = [cancel = pd_hook_.cancel, transfer] { cancel(transfer); };
         handed_to_pd = true;
       }

@@ -110,9 +110,11 @@ std::string_view name(HandshakeFailure failure) {
   return "?";
 }
 
-std::optional<std::string> fingerprint_difference(const Fingerprint& s, const Fingerprint& c) {
-  auto differs = [](const char* field, const std::string& a, const std::string& b) {
-    return std::string(field) + " differs: server has " + a + ", client has " + b;
+std::optional<std::string> fingerprint_difference(const Fingerprint& s, const Fingerprint& c,
+                                                  std::string_view s_name, std::string_view c_name) {
+  auto differs = [&](const char* field, const std::string& a, const std::string& b) {
+    return std::string(field) + " differs: " + std::string(s_name) + " has " + a + ", " + std::string(c_name) +
+           " has " + b;
   };
   auto num = [](auto v) { return std::to_string(v); };
   if (s.protocol_version != c.protocol_version)

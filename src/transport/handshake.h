@@ -27,7 +27,10 @@
 
 namespace tandem::transport {
 
-constexpr uint16_t kTransferProtocolVersion = 1;
+// Bumped with every change to the protocol's messages (transport/wire.h's
+// kWireVersion): peers of two versions refuse each other at the hand-shake,
+// naming the field, instead of dropping every frame.
+constexpr uint16_t kTransferProtocolVersion = 2;
 using Nonce = std::array<uint8_t, 32>;
 
 // What two instances must agree on before KV bytes may move between them.
@@ -45,7 +48,9 @@ struct Fingerprint {
 
 // The first field in which two fingerprints differ, as a sentence naming it and
 // both values ("kv_dtype differs: server has f16, client has bf16"); nullopt if equal.
-std::optional<std::string> fingerprint_difference(const Fingerprint& server, const Fingerprint& client);
+std::optional<std::string> fingerprint_difference(const Fingerprint& server, const Fingerprint& client,
+                                                  std::string_view server_name = "server",
+                                                  std::string_view client_name = "client");
 
 // Who a peer is and how to reach its registered memory.
 struct PeerIdentity {

@@ -35,6 +35,7 @@ std::vector<uint8_t> encode_message(const pd::Message& m) {
   w.put(m.transfer);
   w.put(m.role);
   w.put(m.capacity_blocks);
+  w.put(m.quarantined_blocks);
   w.put(m.mode);
   w.put(m.peer);
   w.put(m.peer_epoch);
@@ -75,6 +76,7 @@ WireError decode_message(std::span<const uint8_t> frame, const WireLimits& limit
   m.transfer = r.get<uint64_t>();
   enums_ok &= get_enum(r, 3, &m.role);
   m.capacity_blocks = r.get<int32_t>();
+  m.quarantined_blocks = r.get<int32_t>();
   enums_ok &= get_enum(r, 2, &m.mode);
   m.peer = r.get<uint32_t>();
   m.peer_epoch = r.get<uint32_t>();
@@ -89,7 +91,8 @@ WireError decode_message(std::span<const uint8_t> frame, const WireLimits& limit
   uint32_t n_blocks = r.get<uint32_t>();
   if (!r.ok()) return WireError::kTruncated;
   if (!enums_ok) return WireError::kBadEnum;
-  if (m.capacity_blocks < 0 || m.prompt_tokens < 0 || m.prompt_tokens > limits.max_prompt_tokens ||
+  if (m.capacity_blocks < 0 || m.quarantined_blocks < 0 || m.quarantined_blocks > m.capacity_blocks ||
+      m.prompt_tokens < 0 || m.prompt_tokens > limits.max_prompt_tokens ||
       m.n_siblings < 1 || m.n_siblings > limits.max_siblings || m.max_tokens < 0 ||
       m.max_tokens > limits.max_tokens || m.budget_ms < 0 || m.first_block < 0)
     return WireError::kBadCount;

@@ -17,7 +17,7 @@
 namespace tandem::transport {
 
 constexpr uint32_t kMessageMagic = 0x4d504454;  // "TDPM"
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;
 
 enum class WireError : uint8_t {
   kNone,

@@ -1,0 +1,63 @@
+#include "router/request_shape.h"
+
+#include <algorithm>
+
+#include "util/block_budget.h"
+
+namespace tandem::router {
+
+using json = nlohmann::json;
+
+namespace {
+
+int64_t text_bytes(const json& content) {
+  if (content.is_string()) return static_cast<int64_t>(content.get_ref<const std::string&>().size());
+  int64_t n = 0;
+  if (content.is_array())
+    for (const json& part : content) {
+      if (part.is_string()) n += static_cast<int64_t>(part.get_ref<const std::string&>().size());
+      else if (part.is_number_integer()) n += 1;  // a token id
+      else if (part.is_object() && part.contains("text")) n += text_bytes(part["text"]);
+    }
+  return n;
+}
+
+int64_t positive_int(const json& body, const char* key, int64_t fallback) {
+  auto it = body.find(key);
+  if (it == body.end() || !it->is_number_integer()) return fallback;
+  return std::clamp<int64_t>(it->get<int64_t>(), 1, int64_t{1} << 31);
+}
+
+}  // namespace
+
+RequestShape estimate_shape(const json& body, bool chat) {
+  RequestShape s;
+  if (chat) {
+    int64_t tokens = kChatTokensPerRequest;
+    auto messages = body.find("messages");
+    if (messages != body.end() && messages->is_array())
+      for (const json& m : *messages)
+        tokens += kChatTokensPerMessage + (m.is_object() && m.contains("content") ? text_bytes(m["content"]) : 0);
+    s.prompt_tokens = tokens;
+    s.max_tokens = positive_int(body, "max_completion_tokens", positive_int(body, "max_tokens", 0));
+  } else {
+    auto prompt = body.find("prompt");
+    s.prompt_tokens = prompt == body.end() ? 1 : std::max<int64_t>(1, text_bytes(*prompt) + 2);  // + BOS, a space prefix
+    s.max_tokens = positive_int(body, "max_tokens", 16);  // the completions API's default
+  }
+  const int64_t n = positive_int(body, "n", 1);
+  s.n_sequences = std::max(n, positive_int(body, "best_of", n));
+  return s;
+}
+
+int64_t prefill_credits(const RequestShape& s, int64_t block_size, int64_t max_model_len) {
+  return std::max<int64_t>(1, blocks_for_tokens(std::min(s.prompt_tokens, max_model_len) - 1, block_size));
+}
+
+int64_t decode_credits(const RequestShape& s, int64_t block_size, int64_t max_model_len) {
+  const int64_t prompt = std::min(s.prompt_tokens, max_model_len);
+  const int64_t max_tokens = s.max_tokens > 0 ? s.max_tokens : std::max<int64_t>(1, max_model_len - prompt);
+  return worst_case_request_blocks(prompt, s.n_sequences, max_tokens, block_size);
+}
+
+}  // namespace tandem::router

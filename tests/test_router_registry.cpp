@@ -1,0 +1,164 @@
+// The router's registry: registration by fingerprint, and the KV credits it
+// reserves per request (copy-on-write blocks per sibling, quarantined blocks
+// counted against an instance until freed, waits bounded).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "router/cluster_api.h"
+#include "router/registry.h"
+#include "router/request_shape.h"
+#include "util/clock.h"
+
+namespace tandem::router {
+namespace {
+
+using json = nlohmann::json;
+
+InstanceInfo instance(pd::NodeId node, pd::Role role, int64_t capacity_blocks = 100) {
+  InstanceInfo i;
+  i.node = node;
+  i.epoch = 1;
+  i.role = role;
+  i.api_host = i.transfer_host = "127.0.0.1";
+  i.api_port = static_cast<uint16_t>(9000 + node);
+  i.transfer_port = static_cast<uint16_t>(9100 + node);
+  i.model_name = "m";
+  i.max_model_len = 512;
+  i.capacity_blocks = capacity_blocks;
+  i.fingerprint.model_hash = 7;
+  i.fingerprint.kv_dtype = 1;
+  i.fingerprint.block_size = 16;
+  i.fingerprint.kv_layout = 2;
+  i.fingerprint.n_layers = 2;
+  i.fingerprint.n_kv_heads = 2;
+  i.fingerprint.head_dim = 16;
+  return i;
+}
+
+TEST(RouterRegistry, AnInstanceWhoseFingerprintDiffersIsRefusedNamingTheField) {
+  Registry r(5000);
+  ASSERT_FALSE(r.add(instance(2, pd::Role::kPrefill), 0));
+  InstanceInfo other = instance(3, pd::Role::kDecode);
+  other.fingerprint.kv_dtype = 2;
+  auto why = r.add(other, 0);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("kv_dtype differs: the cluster has"), std::string::npos) << *why;
+  other = instance(3, pd::Role::kDecode);
+  other.fingerprint.block_size = 32;
+  why = r.add(other, 0);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("block_size differs"), std::string::npos) << *why;
+  other = instance(3, pd::Role::kDecode);
+  other.mode = other.fingerprint.mode = pd::TransferMode::kRead;
+  why = r.add(other, 0);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("transfer mode differs"), std::string::npos) << *why;
+  EXPECT_FALSE(r.add(instance(3, pd::Role::kDecode), 0));
+  EXPECT_EQ(r.list().size(), 2u);
+}
+
+TEST(RouterRegistry, TheFingerprintSurvivesTheRegistrationJson) {
+  InstanceInfo i = instance(4, pd::Role::kDecode);
+  std::string why;
+  auto back = instance_from_json(to_json(i), &why);
+  ASSERT_TRUE(back) << why;
+  EXPECT_EQ(back->fingerprint.model_hash, i.fingerprint.model_hash);
+  EXPECT_EQ(back->fingerprint.block_size, 16);
+  EXPECT_EQ(back->fingerprint.head_dim, 16);
+  EXPECT_EQ(back->max_model_len, 512);
+  json no_fp = to_json(i);
+  no_fp.erase("fingerprint");
+  EXPECT_FALSE(instance_from_json(no_fp, &why));
+  EXPECT_NE(why.find("fingerprint"), std::string::npos) << why;
+}
+
+// Credits are reserved on pick and returned when the request ends; a request
+// that fits no instance now (but would fit one) waits, one that fits no
+// instance ever goes to the least loaded (which refuses it with its reason).
+TEST(RouterRegistry, PicksReserveCreditsAndAFullClusterMakesRequestsWait) {
+  Registry r(5000);
+  ASSERT_FALSE(r.add(instance(3, pd::Role::kDecode, 100), 0));
+  Pick a = r.pick(pd::Role::kDecode, 60);
+  ASSERT_TRUE(a.instance);
+  EXPECT_EQ(r.list()[0].reserved_blocks, 60);
+  Pick b = r.pick(pd::Role::kDecode, 60);
+  EXPECT_FALSE(b.instance);
+  EXPECT_TRUE(b.must_wait);
+  Pick never = r.pick(pd::Role::kDecode, 500);
+  ASSERT_TRUE(never.instance) << "no instance could ever hold it: the instance answers why";
+  r.done(*never.instance, 500);
+  // A waiter wakes when credits come back, and then fits.
+  std::thread ender([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    r.done(*a.instance, 60);
+  });
+  EXPECT_TRUE(r.wait_for_credits(monotonic_ms() + 10'000));
+  ender.join();
+  EXPECT_TRUE(r.pick(pd::Role::kDecode, 60).instance);
+  // The wait is bounded.
+  int64_t before = monotonic_ms();
+  EXPECT_FALSE(r.wait_for_credits(before + 100));
+  EXPECT_GE(monotonic_ms() - before, 90);
+}
+
+TEST(RouterRegistry, QuarantinedBlocksCountAgainstAnInstanceUntilFreed) {
+  Registry r(5000);
+  ASSERT_FALSE(r.add(instance(3, pd::Role::kDecode, 100), 0));
+  InstanceLoad load;
+  load.free_blocks = 10;
+  load.quarantined_blocks = 90;
+  ASSERT_TRUE(r.heartbeat(3, 1, load, 10));
+  Pick p = r.pick(pd::Role::kDecode, 20);
+  EXPECT_FALSE(p.instance);
+  EXPECT_TRUE(p.must_wait);
+  load.quarantined_blocks = 0;
+  ASSERT_TRUE(r.heartbeat(3, 1, load, 20));
+  EXPECT_TRUE(r.pick(pd::Role::kDecode, 20).instance);
+}
+
+// An evicted instance that registers again starts with clean credits: what
+// the old entry's requests return when they end does not touch the new one.
+TEST(RouterRegistry, RequestsOfAnEvictedEntryDoNotTouchItsSuccessor) {
+  Registry r(1000);
+  ASSERT_FALSE(r.add(instance(3, pd::Role::kDecode, 100), 0));
+  Pick old = r.pick(pd::Role::kDecode, 40);
+  ASSERT_TRUE(old.instance);
+  EXPECT_EQ(r.evict_silent(5000), 1);
+  InstanceInfo again = instance(3, pd::Role::kDecode, 100);
+  again.epoch = 2;
+  ASSERT_FALSE(r.add(again, 5000));
+  Pick fresh = r.pick(pd::Role::kDecode, 30);
+  ASSERT_TRUE(fresh.instance);
+  r.done(*old.instance, 40);  // ignored: another entry
+  EXPECT_EQ(r.list()[0].reserved_blocks, 30);
+  EXPECT_EQ(r.list()[0].in_flight, 1);
+  r.done(*fresh.instance, 30);
+  EXPECT_EQ(r.list()[0].reserved_blocks, 0);
+}
+
+TEST(RouterRequestShape, EstimatesBoundThePromptAndCountEverySiblingsCopiedBlock) {
+  RequestShape c = estimate_shape(json{{"prompt", "hello world"}, {"n", 2}, {"best_of", 3}}, false);
+  EXPECT_EQ(c.prompt_tokens, 13);  // 11 bytes, a BOS and a space prefix
+  EXPECT_EQ(c.n_sequences, 3);
+  EXPECT_EQ(c.max_tokens, 16);  // the completions API's default
+  RequestShape chat = estimate_shape(
+      json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"max_completion_tokens", 40}}, true);
+  EXPECT_EQ(chat.prompt_tokens, kChatTokensPerRequest + kChatTokensPerMessage + 2);
+  EXPECT_EQ(chat.max_tokens, 40);
+  RequestShape open_ended = estimate_shape(json{{"messages", json::array()}}, true);
+  EXPECT_EQ(open_ended.max_tokens, 0);
+  // 17 prompt tokens in blocks of 16: the prefill moves 1 block; the decode
+  // holds 33 tokens for the first sequence (3 blocks) and, for each of the
+  // 2 others, its 16 outputs plus its copy of the partial last block.
+  RequestShape s{17, 3, 16};
+  EXPECT_EQ(prefill_credits(s, 16, 512), 1);
+  EXPECT_EQ(decode_credits(s, 16, 512), 3 + 2 * 2);
+  // No max_tokens: the rest of the context.
+  EXPECT_EQ(decode_credits(RequestShape{17, 1, 0}, 16, 512), 512 / 16);
+}
+
+}  // namespace
+}  // namespace tandem::router
