@@ -481,8 +481,11 @@ TEST(PdProtocol, DropsAreCountedByReason) {
   Message unknown = peer_message(MessageKind::kRemoteBlocks, kDecode, kPrefill);
   unknown.to_epoch = 2;
   unknown.transfer = 999;
-  prefill.on_message(unknown, 3, &out);
-  EXPECT_EQ(prefill.stats().drops[static_cast<int>(DropReason::kUnknown)], 1);
+  ProtocolConfig no_room = config;
+  no_room.max_early_messages = 0;  // nothing is kept for a Start that may come
+  PrefillSide full(kPrefill, 2, 64, no_room);
+  full.on_message(unknown, 3, &out);
+  EXPECT_EQ(full.stats().drops[static_cast<int>(DropReason::kUnknown)], 1);
   Message abort = peer_message(MessageKind::kAbort, kRouter, kPrefill);
   abort.to_epoch = 2;
   abort.peer = kDecode;
@@ -541,6 +544,38 @@ TEST(PdProtocol, QuarantinedBlocksHoldBackTheRoutersCredits) {
   EXPECT_EQ(router.find(id)->state, RouterState::kDispatched);
   EXPECT_EQ(count_messages(out, MessageKind::kStartDecode), 1);
   EXPECT_EQ(router.reserved_blocks(kDecode), 6);
+}
+
+// In WRITE mode the router sends both legs at once, so the decode's block
+// addresses can reach the prefill before its Start. They are kept and handled
+// when the Start comes: the write goes out as soon as the KV is computed, not
+// a retransmit interval later. Kept messages are bounded in age.
+TEST(PdProtocol, APeersMessageThatOvertookTheStartIsReplayedWhenItComes) {
+  ProtocolConfig config;
+  PrefillSide prefill(kPrefill, 1, 64, config);
+  Outputs out;
+  Message early = peer_message(MessageKind::kRemoteBlocks, kDecode, kPrefill);
+  early.blocks = iota_blocks(2, 10);  // 40 tokens: 3 blocks move, the first one cached on the decode
+  early.first_block = 1;
+  prefill.on_message(early, 0, &out);
+  EXPECT_EQ(prefill.find(kTransfer), nullptr);
+  EXPECT_EQ(prefill.stats().drops[static_cast<int>(DropReason::kUnknown)], 0);
+  prefill.on_message(start(MessageKind::kStartPrefill, TransferMode::kWrite, 40, 1), 5, &out);
+  ASSERT_NE(prefill.find(kTransfer), nullptr);
+  EXPECT_EQ(prefill.stats().early_messages_replayed, 1);
+  EXPECT_TRUE(prefill.find(kTransfer)->addresses_known);
+  EXPECT_EQ(prefill.stats().addresses_before_kv, 1);
+  out.clear();
+  prefill.on_prefill_computed(kTransfer, iota_blocks(3, 0), kNoSlot, 20, &out);
+  EXPECT_NE(find_effect(out, EffectKind::kPostWrite), nullptr) << "the write needs no resend of the addresses";
+
+  // Kept for one retransmit interval at most (the sender has resent it since).
+  PrefillSide later(kPrefill, 1, 64, config);
+  later.on_message(early, 0, &out);
+  later.on_message(start(MessageKind::kStartPrefill, TransferMode::kWrite, 40, 1),
+                   config.retransmit_interval_ms + 1, &out);
+  EXPECT_EQ(later.stats().early_messages_replayed, 0);
+  EXPECT_FALSE(later.find(kTransfer)->addresses_known);
 }
 
 // The router mints one id per request and reports exactly one terminal state.

@@ -292,8 +292,39 @@ void NodeCore::on_message(const Message& message, TimeMs now_ms, Outputs* out) {
     }
   } else {
     handle(message, now_ms, out);
+    replay_early(message.transfer, now_ms, out);
   }
   finish(now_ms, out);
+}
+
+void NodeCore::expire_early(TimeMs now_ms) {
+  // Older than one retransmit interval: the sender has resent it by now.
+  while (!early_.empty() && early_.front().first + config_.retransmit_interval_ms <= now_ms) early_.pop_front();
+}
+
+bool NodeCore::park_early(const Message& m, TimeMs now_ms) {
+  expire_early(now_ms);
+  if (static_cast<int32_t>(early_.size()) >= config_.max_early_messages) return false;
+  early_.emplace_back(now_ms, m);
+  return true;
+}
+
+void NodeCore::replay_early(TransferId transfer, TimeMs now_ms, Outputs* out) {
+  if (early_.empty() || outbox_of(transfer) == nullptr) return;
+  expire_early(now_ms);
+  std::vector<Message> kept;
+  for (auto it = early_.begin(); it != early_.end();) {
+    if (it->second.transfer == transfer) {
+      kept.push_back(std::move(it->second));
+      it = early_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const Message& m : kept) {
+    ++stats_.early_messages_replayed;
+    handle(m, now_ms, out);
+  }
 }
 
 void NodeCore::on_timer(TimeMs now_ms, Outputs* out) {

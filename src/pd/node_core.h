@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
 #include <functional>
 #include <map>
 #include <queue>
@@ -151,6 +152,7 @@ struct NodeStats {
   int64_t early_end_tombstones = 0;     // an Abort or Release came before the Start
   int64_t fences_requested = 0;         // a dead or silent peer had our memory exposed
   int64_t fences_completed = 0;
+  int64_t early_messages_replayed = 0;  // a peer's message came before its Start, and was kept
 };
 
 class NodeCore {
@@ -274,6 +276,12 @@ class NodeCore {
   // on its word, even when the prefill that failed first has crashed since).
   void report_outcome(TransferBase& t, TimeMs now_ms, Outputs* out);
   void declare_deaths(std::vector<PeerDeath>& deaths, TimeMs now_ms, Outputs* out);
+  // Keeps a message for a transfer not started here yet (bounded in count and
+  // age: config.max_early_messages, retransmit_interval_ms); false when full.
+  bool park_early(const Message& m, TimeMs now_ms);
+  // Handles what was kept for `transfer` once it exists.
+  void replay_early(TransferId transfer, TimeMs now_ms, Outputs* out);
+  void expire_early(TimeMs now_ms);
   // Deaths found where a synchronous on_peer_death would re-enter the caller
   // (a fence asked for from inside a transfer's end); declared by finish().
   std::vector<PeerDeath> deferred_deaths_;
@@ -298,6 +306,7 @@ class NodeCore {
   bool draining_ = false;
 
  private:
+  std::deque<std::pair<TimeMs, Message>> early_;  // oldest first
   TimeMs next_heartbeat_ms_ = 0;
   using Timer = std::pair<TimeMs, TransferId>;
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
@@ -320,9 +329,11 @@ Transfer* NodeCore::accept(std::map<TransferId, Transfer>& transfers, const Mess
       send_ack(m, out);
       return nullptr;
     }
-    // Never seen: no answer, the sender retransmits if it must (this covers a
-    // peer's message overtaking the router's Start).
-    drop(DropReason::kUnknown);
+    // Never seen: no answer, the sender retransmits if it must. A peer's
+    // message that overtook the router's Start (both legs are sent at once)
+    // is kept a while and replayed when the Start comes, so the transfer does
+    // not wait for the resend.
+    if (!park_early(m, now_ms)) drop(DropReason::kUnknown);
     return nullptr;
   }
   Transfer& t = it->second;

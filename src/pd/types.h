@@ -115,6 +115,7 @@ struct ProtocolConfig {
   TimeMs heartbeat_interval_ms = 500;
   TimeMs lease_ms = 3000;               // a peer silent this long is declared dead
   TimeMs retransmit_interval_ms = 1000;
+  int32_t max_early_messages = 256;  // peers' messages kept until their Start comes (each for one interval)
   int32_t max_retransmits = 900;        // per message; then the transfer fails
   TimeMs tombstone_ttl_ms = 60'000;     // must exceed lease_ms
   TimeMs request_timeout_ms = 900'000;  // the router's per-request deadline

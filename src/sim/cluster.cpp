@@ -750,6 +750,7 @@ void Cluster::collect_stats(const SimNode& node) {
   count("path.zero_block_transfer", st.zero_block_transfers);
   count("path.quarantine", st.quarantines);
   count("path.end_before_start", st.early_end_tombstones);
+  count("path.early_message_replayed", st.early_messages_replayed);
   count("path.retransmit", st.retransmits);
   count("path.peer_death", st.peer_deaths);
 }

@@ -60,7 +60,7 @@ std::vector<std::string> required_coverage(const SimOptions& o) {
   }
   if (o.faults != FaultLevel::kNone) {
     for (const char* s : {"fault.drop", "fault.duplicate", "fault.long_delay",
-                          "fault.partition_drop", "drop.duplicate", "drop.ended", "drop.unknown",
+                          "fault.partition_drop", "drop.duplicate", "drop.ended", "path.early_message_replayed",
                           "path.retransmit", "path.peer_death", "end.peer_dead",
                           "path.fence_requested", "path.fence_completed"})
       need.push_back(s);
