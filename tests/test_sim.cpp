@@ -58,6 +58,17 @@ TEST(Sim, OtherTopologiesHaveNoViolations) {
   expect_clean_sweep(500001, 500, small_cluster(ModeChoice::kMixed, 1, 1));
 }
 
+// Long virtual time (audit: simulated runs ended near 140 s against 900 s
+// limits): the deadline and the retransmit limit scaled down, with faults that
+// outlast them. Both ends, and the silent-peer fence, are required coverage;
+// every other invariant holds. These runs found a Release that exhausted its
+// retransmits counting as heard: the peer held its blocks for ever.
+TEST(Sim, LongVirtualTimeRunsReachTheDeadlineAndTheRetransmitLimit) {
+  SimOptions o = small_cluster(ModeChoice::kMixed);
+  o.long_run = true;
+  expect_clean_sweep(600001, 600, o);
+}
+
 // The reference scenario: 2P2D, 200 requests per seed.
 TEST(Sim, LargeScenarioHasNoViolations) {
   SimOptions o;

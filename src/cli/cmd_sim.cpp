@@ -48,6 +48,8 @@ void add_sim(CLI::App& app) {
   cmd->add_flag("--trace", args->trace, "Print the event trace of the (first failing) seed");
   cmd->add_flag("--keep-going", args->keep_going, "Do not stop at the first failing seed");
   cmd->add_flag("--coverage", args->show_coverage, "Print every coverage counter");
+  cmd->add_flag("--long", args->options.long_run,
+                "Long virtual time: deadline and retransmit limit scaled down, faults that outlast them");
   cmd->callback([args] {
     if (args->list_mutations) {
       for (int i = 1; i < pd::kMutationCount; ++i)

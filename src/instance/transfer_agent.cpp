@@ -277,7 +277,7 @@ void TransferAgent::apply(const pd::Effect& e) {
       auto conn = address_connection_.find(transfer);
       transport_->post(e.peer, write ? transport::RmaOp::kPut : transport::RmaOp::kGet, std::move(runs), transfer,
                        monotonic_ms() + config_.rma_timeout_ms,
-                       conn == address_connection_.end() ? 0 : conn->second);
+                       conn == address_connection_.end() ? 0 : conn->second.connection);
       return;
     }
     case EffectKind::kFree:
@@ -394,11 +394,14 @@ void TransferAgent::on_event(TransportEvent& e) {
         return;
       }
       // Bind the transfer's RMA to the connection its addresses come on: the
-      // copy the core is about to accept (it may post the RMA at once).
+      // copy the core is about to accept (it may post the RMA at once), or,
+      // for a transfer not started here yet, the copy it keeps until its
+      // Start (the first such copy: the one the core replays).
       if (m.kind == MessageKind::kRemoteBlocks || m.kind == MessageKind::kKvAddresses) {
         const pd::TransferBase* t = prefill_ ? static_cast<const pd::TransferBase*>(prefill_->find(m.transfer))
                                              : static_cast<const pd::TransferBase*>(decode_->find(m.transfer));
-        if (t != nullptr && !t->addresses_known) address_connection_[m.transfer] = e.connection;
+        if (t != nullptr && !t->addresses_known) address_connection_[m.transfer] = {e.connection, now};
+        if (t == nullptr) address_connection_.try_emplace(m.transfer, AddressBinding{e.connection, now});
       }
       return run([&](pd::Outputs* out) { core().on_message(m, now, out); });
     }
@@ -501,7 +504,14 @@ void TransferAgent::sweep_requests() {
     it = timelines_.erase(it);
   }
   std::erase_if(engine_started_, [&](pd::TransferId id) { return requests_.count(id) == 0; });
-  std::erase_if(address_connection_, [&](const auto& kv) { return requests_.count(kv.first) == 0; });
+  // A binding for a transfer not started here lives as long as the core
+  // keeps the message it came with (one retransmit interval).
+  const pd::TimeMs now = monotonic_ms();
+  std::erase_if(address_connection_, [&](const auto& kv) {
+    const bool unknown = prefill_ ? prefill_->find(kv.first) == nullptr : decode_->find(kv.first) == nullptr;
+    return requests_.count(kv.first) == 0 &&
+           (!unknown || now - kv.second.bound_ms > core().config().retransmit_interval_ms);
+  });
 }
 
 std::optional<TransferAgent::Snapshot> TransferAgent::snapshot(int timeout_ms) {

@@ -173,7 +173,11 @@ class TransferAgent {
   std::map<pd::NodeId, Peer> peers_;
   // The connection each transfer's peer addresses came on: its RMA may use
   // only that one (a fence cuts it, and the memory may be reused after).
-  std::map<pd::TransferId, uint64_t> address_connection_;
+  struct AddressBinding {
+    uint64_t connection = 0;
+    pd::TimeMs bound_ms = 0;
+  };
+  std::map<pd::TransferId, AddressBinding> address_connection_;
   std::map<pd::NodeId, pd::TimeMs> connecting_since_ms_;
   std::vector<std::pair<pd::TimeMs, Closure>> delayed_;  // test_admission_delay_ms
   pd::TimeMs next_wake_ms_ = 0;

@@ -22,6 +22,7 @@ enum class MessageKind : uint8_t {
   kAck,
 };
 constexpr int kMessageKindCount = 10;
+static_assert(kMessageKindCount <= 32, "Outbox keeps a bit per message kind");
 std::string_view name(MessageKind kind);
 
 // One flat struct for every kind: the fields a kind does not use stay at their

@@ -21,6 +21,7 @@ bool Outbox::ack(NodeId from, MessageKind kind) {
   });
   if (it == pending_.end()) return false;
   pending_.erase(it);
+  acked_kinds_ |= uint32_t{1} << static_cast<int>(kind);
   return true;
 }
 
@@ -175,7 +176,11 @@ void NodeCore::answer_ended(TransferBase& t, const Message& message, TimeMs now_
   drop(DropReason::kEnded);
   bool data = message.kind == MessageKind::kRemoteBlocks || message.kind == MessageKind::kKvAddresses;
   if (!data) send_ack(message, out);
-  if (!t.release_sent && !t.peer_released) {
+  // Our Release counts once it was heard, or while it is still being resent;
+  // one that exhausted its retransmits (a link that lost everything but
+  // heartbeats) is owed again, or the peer holds its memory for ever.
+  const bool released = t.release_sent && (t.outbox.has(MessageKind::kRelease) || t.outbox.was_acked(MessageKind::kRelease));
+  if (!released && !t.peer_released) {
     send_release(t, now_ms, out);
     schedule(t.id, t.outbox.next_due_ms());
   } else if (data) {
@@ -361,6 +366,7 @@ bool NodeCore::service_outbox(TransferBase& t, TimeMs now_ms, Outputs* out,
   bool was_ending = t.ending;
   if (exhausted > 0 && !t.ending) end(EndReason::kRetransmitLimit);
   if (!t.ending && now_ms >= t.deadline_ms) end(EndReason::kDeadline);
+  if (peer_silent && was_ending) ++stats_.silent_peers;
   return peer_silent && was_ending;
 }
 

@@ -49,10 +49,14 @@ class Outbox {
   TimeMs next_due_ms() const;
   bool empty() const { return pending_.empty(); }
   bool has(MessageKind kind) const;
+  // Whether a `kind` of this outbox was ever acknowledged (one that exhausted
+  // its retransmits instead was never heard).
+  bool was_acked(MessageKind kind) const { return (acked_kinds_ >> static_cast<int>(kind)) & 1u; }
   const std::vector<PendingSend>& pending() const { return pending_; }
 
  private:
   std::vector<PendingSend> pending_;
+  uint32_t acked_kinds_ = 0;  // bit per MessageKind
 };
 
 // Fields every transfer record has, on either side.
@@ -153,6 +157,7 @@ struct NodeStats {
   int64_t fences_requested = 0;         // a dead or silent peer had our memory exposed
   int64_t fences_completed = 0;
   int64_t early_messages_replayed = 0;  // a peer's message came before its Start, and was kept
+  int64_t silent_peers = 0;             // an ending transfer's peer answered nothing for max_retransmits
 };
 
 class NodeCore {

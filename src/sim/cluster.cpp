@@ -252,7 +252,8 @@ void Cluster::push(Event e) {
 void Cluster::send(const Message& m) {
   const NetworkFaults& net = s_.network;
   for (const Partition& p : s_.partitions) {
-    if (p.between(m.from, m.to) && now_ >= p.start_ms && now_ < p.end_ms) {
+    if (p.between(m.from, m.to) && now_ >= p.start_ms && now_ < p.end_ms &&
+        !(p.data_only && m.kind == MessageKind::kHeartbeat)) {
       count("fault.partition_drop");
       if (record_trace_) result_.trace.push_back("    lost (partition): " + describe(m));
       return;
@@ -583,6 +584,17 @@ bool Cluster::excused(const ClientRequest& r) const {
   switch (r.reason) {
     case EndReason::kDeadline:
     case EndReason::kRetransmitLimit:
+      // Legitimate only where faults outlast them on purpose (long runs):
+      // an admission slower than the deadline, or a cut that overlapped it.
+      // A deadline also comes to a request that waited at the router for
+      // credits held by transfers stuck behind any such cut.
+      if (!s_.options.long_run) return false;
+      if (r.reason == EndReason::kDeadline) {
+        if (r.slow_admission) return true;
+        for (const Partition& p : s_.partitions)
+          if (r.work.arrival_ms <= p.end_ms && r.end_ms >= p.start_ms) return true;
+      }
+      break;
     case EndReason::kCapacity:
     case EndReason::kOverloaded:
       return false;
@@ -751,6 +763,7 @@ void Cluster::collect_stats(const SimNode& node) {
   count("path.quarantine", st.quarantines);
   count("path.end_before_start", st.early_end_tombstones);
   count("path.early_message_replayed", st.early_messages_replayed);
+  count("path.silent_peer", st.silent_peers);
   count("path.retransmit", st.retransmits);
   count("path.peer_death", st.peer_deaths);
 }

@@ -34,6 +34,7 @@ std::string replay_command(uint64_t seed, const SimOptions& o) {
                     " --requests " + std::to_string(o.n_requests) + " --mode " +
                     std::string(name(o.mode)) + " --faults " + std::string(name(o.faults));
   if (o.mutation != pd::Mutation::kNone) cmd += " --mutation " + std::string(pd::name(o.mutation));
+  if (o.long_run) cmd += " --long";
   return cmd + " --trace";
 }
 
@@ -64,6 +65,11 @@ std::vector<std::string> required_coverage(const SimOptions& o) {
                           "path.retransmit", "path.peer_death", "end.peer_dead",
                           "path.fence_requested", "path.fence_completed"})
       need.push_back(s);
+  }
+  if (o.long_run) {
+    for (const char* s : {"end.deadline", "end.retransmit_limit", "path.silent_peer"}) need.push_back(s);
+    // The 30 s deadline ends the 78 s admissions first.
+    std::erase(need, std::string("path.late_addresses_accepted"));
   }
   if (o.faults == FaultLevel::kAll) {
     for (const char* s : {"fault.crash", "fault.restart", "fault.rma_failure",

@@ -134,6 +134,19 @@ Scenario make_scenario(uint64_t seed, const SimOptions& options) {
   s.slow_prefill_probability = rng.chance(0.3) ? 0.2 : 0.02;
   s.slow_prefill_ms = rng.uniform(1'000, 6'000);
   s.rma_slow_ms = rng.uniform(100, 4'000);
+  if (options.long_run) {
+    s.protocol.request_timeout_ms = 30'000;
+    s.protocol.max_retransmits = 30;
+    s.slow_admission_probability = 0.1;  // 78 s: past the deadline
+    Partition p;
+    p.a = static_cast<pd::NodeId>(rng.uniform(2, 1 + options.n_prefill));
+    p.b = static_cast<pd::NodeId>(rng.uniform(2 + options.n_prefill, n_nodes));
+    p.start_ms = rng.uniform(0, arrival_window_ms);
+    p.end_ms = p.start_ms + rng.uniform(35'000, 90'000);
+    p.data_only = true;
+    s.partitions.push_back(p);
+    s.faults_end_ms = std::max(s.faults_end_ms, p.end_ms);
+  }
   return s;
 }
 

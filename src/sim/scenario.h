@@ -24,6 +24,11 @@ struct SimOptions {
   ModeChoice mode = ModeChoice::kMixed;
   FaultLevel faults = FaultLevel::kAll;
   pd::Mutation mutation = pd::Mutation::kNone;
+  // Long virtual time: the deadline and the retransmit limit scaled down
+  // (30 s and 30 sends against 900 s and 900) and faults that outlast them:
+  // links that pass heartbeats but lose every other message for up to 90 s,
+  // admissions slower than the deadline. Those ends become legitimate.
+  bool long_run = false;
 };
 
 struct NetworkFaults {
@@ -43,6 +48,9 @@ struct Partition {
   // Only a -> b is cut: b stops hearing a, a still hears b (a failing link
   // direction, a full queue): b declares a dead while a goes on working.
   bool one_way = false;
+  // Heartbeats pass, every other message is lost: the peer stays alive to
+  // its leases while nothing it is sent is acknowledged (a stuck queue).
+  bool data_only = false;
   // b == 0: a is cut off from every node (its control network is down; RMA
   // on a separate fabric still runs).
   bool between(pd::NodeId from, pd::NodeId to) const {
