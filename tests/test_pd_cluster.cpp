@@ -23,7 +23,13 @@
 #include <map>
 #include <vector>
 
+#include "gguf/gguf.h"
+#include "instance/fingerprint.h"
+#include "model/model.h"
 #include "model_fixtures.h"
+#include "pd/types.h"
+#include "transport/ucx_transport.h"
+#include "transport/wire.h"
 #include "util/clock.h"
 
 namespace tandem {
@@ -636,6 +642,113 @@ TEST(PdClusterCredits, RequestsBeyondTheDecodesCreditsWaitAtTheRouterAndComplete
   const json after = json::parse(httplib::Client("127.0.0.1", c.port).Get("/debug/instances")->body);
   for (const json& i : after["instances"]) EXPECT_EQ(i.value("reserved_blocks", int64_t{-1}), 0) << i.dump();
   expect_drained(c.port);
+}
+
+// A decode killed and started again comes back in a new epoch (same node
+// id): the router takes the new registration, new requests succeed, and a
+// message still addressed to the old epoch (here from a peer the test plays,
+// authenticated like any prefill) is dropped and counted, never acted on.
+TEST(PdClusterFailures, ARestartedDecodeDropsAndCountsMessagesForItsOldEpoch) {
+  const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
+  const std::string bin = TANDEM_BINARY;
+  const int port = free_port();
+  const std::string secret = "epochs";
+  setenv("TANDEM_CLUSTER_SECRET", secret.c_str(), 1);
+  const std::string join = " --router http://127.0.0.1:" + std::to_string(port) + " -m " + model +
+                           " --port 0 -t 1 --kv-cache-mb 16";
+  Group router(bin + " router --port " + std::to_string(port) + " --eviction-ms 60000");
+  ASSERT_TRUE(router.wait_for("OpenAI API on", 10'000));
+  Group prefill(bin + " serve --role prefill --node-id 2" + join);
+  auto decode = std::make_unique<Group>(bin + " serve --role decode --node-id 3" + join);
+  ASSERT_TRUE(prefill.wait_for("registered with", 30'000)) << prefill.log();
+  ASSERT_TRUE(decode->wait_for("registered with", 30'000)) << decode->log();
+  Single single;
+  ASSERT_GT(single.port, 0);
+  auto decode_entry = [&] {
+    httplib::Client cli("127.0.0.1", port);
+    auto r = cli.Get("/debug/instances");
+    const json listed = r ? json::parse(r->body, nullptr, false) : json();
+    if (listed.is_object())
+      for (const json& i : listed["instances"])
+        if (i["role"] == "decode") return i;
+    return json::object();
+  };
+  const json want = post(single.port, "/v1/completions", completion("before and after", 6));
+  EXPECT_EQ(texts(post(port, "/v1/completions", completion("before and after", 6))), texts(want));
+  const pd::Epoch old_epoch = decode_entry().value("epoch", pd::Epoch{0});
+  ASSERT_GT(old_epoch, 0u);
+
+  ASSERT_EQ(kill(-decode->pid(), SIGKILL), 0);
+  waitpid(decode->pid(), nullptr, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // epochs count tenths of a second
+  decode = std::make_unique<Group>(bin + " serve --role decode --node-id 3" + join);
+  ASSERT_TRUE(decode->wait_for("registered with", 30'000)) << decode->log();
+  json entry = decode_entry();
+  for (int64_t until = monotonic_ms() + 10'000; entry.value("epoch", pd::Epoch{0}) == old_epoch && monotonic_ms() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    entry = decode_entry();
+  }
+  const pd::Epoch new_epoch = entry.value("epoch", pd::Epoch{0});
+  ASSERT_GT(new_epoch, old_epoch) << entry.dump();
+  // The prefill learns of the restart from the new incarnation's hand-shake
+  // and heartbeats; a new request succeeds (a retry covers one sent before).
+  json got;
+  for (int64_t until = monotonic_ms() + 20'000; monotonic_ms() < until;) {
+    int status = 0;
+    got = post(port, "/v1/completions", completion("before and after", 6), &status);
+    if (status == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(texts(got), texts(want));
+
+  // A peer still speaking to the old incarnation.
+  const gguf::File file = gguf::File::open(model);
+  auto m = Model::load(std::make_shared<const gguf::File>(gguf::File::open(model)));
+  std::vector<uint8_t> region(4 * 4096, 0);
+  transport::UcxTransportConfig tc;
+  tc.secret = secret;
+  tc.self.node = 9;
+  tc.self.epoch = 1;
+  tc.self.role = pd::Role::kPrefill;
+  tc.self.fingerprint = instance::make_fingerprint(file, m->kv_shape(4, 16, kernels::DType::kF16), pd::TransferMode::kWrite);
+  tc.region = region.data();
+  tc.region_bytes = region.size();
+  tc.n_blocks = 4;
+  tc.block_bytes = 4096;
+  transport::UcxTransport peer(tc);
+  peer.connect("127.0.0.1", static_cast<uint16_t>(entry.value("transfer_port", 0)));
+  bool connected = false;
+  for (int64_t until = monotonic_ms() + 10'000; !connected && monotonic_ms() < until;) {
+    std::vector<transport::TransportEvent> events;
+    peer.poll(50, &events);
+    for (const auto& e : events) connected |= e.kind == transport::TransportEvent::Kind::kConnected && e.peer == 3;
+  }
+  ASSERT_TRUE(connected) << "the restarted decode refused the hand-shake";
+  pd::Message stale;
+  stale.kind = pd::MessageKind::kWriteDone;
+  stale.from = 9;
+  stale.from_epoch = 1;
+  stale.to = 3;
+  stale.to_epoch = old_epoch;
+  stale.transfer = (pd::TransferId{1} << pd::kTransferEpochShift) | 77;
+  auto decode_debug = [&] {
+    httplib::Client cli("127.0.0.1", entry.value("api_port", 0));
+    auto r = cli.Get("/debug/transfers");
+    return r ? json::parse(r->body, nullptr, false) : json();
+  };
+  const int64_t before = decode_debug().value("/drops/stale_epoch"_json_pointer, int64_t{-1});
+  ASSERT_GE(before, 0);
+  ASSERT_TRUE(peer.send(3, transport::encode_message(stale)));
+  int64_t dropped = before;
+  for (int64_t until = monotonic_ms() + 10'000; dropped == before && monotonic_ms() < until;) {
+    std::vector<transport::TransportEvent> events;
+    peer.poll(50, &events);  // keeps the connection served
+    dropped = decode_debug().value("/drops/stale_epoch"_json_pointer, int64_t{0});
+  }
+  EXPECT_GE(dropped, before + 1) << decode_debug().dump();
+  json d = decode_debug();
+  EXPECT_EQ(d.value("spoofed_frames", -1), 0) << d.dump();
+  EXPECT_EQ(d.value("live_transfers", -1), 0) << d.dump();
 }
 
 // A client that goes away mid-stream ends both legs: the decode stops

@@ -139,6 +139,33 @@ TEST(RouterRegistry, RequestsOfAnEvictedEntryDoNotTouchItsSuccessor) {
   EXPECT_EQ(r.list()[0].reserved_blocks, 0);
 }
 
+// An instance that is fencing a peer (after a failure, until the fence
+// completes, which with shared memory and a live peer may be never) says so
+// in its heartbeats; the router pairs neither with the other, either way round.
+TEST(RouterRegistry, InstancesFencingEachOtherAreNotPaired) {
+  Registry r(5000);
+  ASSERT_FALSE(r.add(instance(2, pd::Role::kPrefill), 0));
+  ASSERT_FALSE(r.add(instance(3, pd::Role::kDecode), 0));
+  ASSERT_FALSE(r.add(instance(4, pd::Role::kDecode), 0));
+  const InstanceInfo prefill = r.list()[0];
+  EXPECT_TRUE(r.cut_from(prefill).empty());
+  InstanceLoad load;
+  load.fencing = {{3, 1}};
+  ASSERT_TRUE(r.heartbeat(2, 1, load, 10));  // the prefill fences decode 3
+  EXPECT_EQ(r.cut_from(prefill), std::vector<pd::NodeId>{3});
+  InstanceLoad other;
+  other.fencing = {{2, 1}};
+  ASSERT_TRUE(r.heartbeat(4, 1, other, 10));  // decode 4 fences the prefill
+  EXPECT_EQ(r.cut_from(prefill), (std::vector<pd::NodeId>{3, 4}));
+  // A fence of an older incarnation does not cut the new one.
+  other.fencing = {{2, 0}};
+  ASSERT_TRUE(r.heartbeat(4, 1, other, 20));
+  EXPECT_EQ(r.cut_from(prefill), std::vector<pd::NodeId>{3});
+  Pick d = r.pick(pd::Role::kDecode, 1, r.cut_from(prefill));
+  ASSERT_TRUE(d.instance);
+  EXPECT_EQ(d.instance->node, 4u);
+}
+
 TEST(RouterRequestShape, EstimatesBoundThePromptAndCountEverySiblingsCopiedBlock) {
   RequestShape c = estimate_shape(json{{"prompt", "hello world"}, {"n", 2}, {"best_of", 3}}, false);
   EXPECT_EQ(c.prompt_tokens, 13);  // 11 bytes, a BOS and a space prefix

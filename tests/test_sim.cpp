@@ -53,7 +53,8 @@ TEST(Sim, WriteModeSweepHasNoViolations) { expect_clean_sweep(100001, 2000, smal
 TEST(Sim, ReadModeSweepHasNoViolations) { expect_clean_sweep(200001, 2000, small_cluster(ModeChoice::kRead)); }
 
 TEST(Sim, OtherTopologiesHaveNoViolations) {
-  expect_clean_sweep(300001, 500, small_cluster(ModeChoice::kMixed, 1, 3));
+  // Whole in every build: its first 250 seeds happen to hold no fenced write.
+  expect_clean_sweep(300001, 500, small_cluster(ModeChoice::kMixed, 1, 3), 1);
   expect_clean_sweep(400001, 500, small_cluster(ModeChoice::kMixed, 3, 1));
   expect_clean_sweep(500001, 500, small_cluster(ModeChoice::kMixed, 1, 1));
 }
@@ -112,6 +113,7 @@ void PrintTo(const MutationCase& c, std::ostream* os) { *os << pd::name(c.mutati
 class SimMutation : public testing::TestWithParam<MutationCase> {};
 
 TEST_P(SimMutation, IsCaughtWithinBound) {
+  if (!pd::kMutationsBuilt) GTEST_SKIP() << "a Release build has no mutations; the sanitizer build runs this";
   SimOptions o = small_cluster(ModeChoice::kMixed);
   o.mutation = GetParam().mutation;
   SeedRangeResult r = run_seeds(1, GetParam().bound, o, false);
@@ -167,6 +169,11 @@ TEST(SimCli, ReportsViolationsAndReplayCommand) {
 
   out = run(bin + " sim --seeds 5 --requests 20 --mutation one-to-one-sibling-map", &status);
   EXPECT_NE(status, 0) << out;
+  if (!pd::kMutationsBuilt) {
+    // A Release build refuses, saying which build has them.
+    EXPECT_NE(out.find("no mutations compiled in"), std::string::npos) << out;
+    return;
+  }
   EXPECT_NE(out.find("violations: 1"), std::string::npos) << out;
   size_t replay = out.find("replay: tandem sim --seed ");
   ASSERT_NE(replay, std::string::npos) << out;

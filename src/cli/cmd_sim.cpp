@@ -62,6 +62,10 @@ void add_sim(CLI::App& app) {
     if (!pd::parse_mutation(args->mutation, &o.mutation))
       throw CLI::ValidationError("--mutation", "unknown mutation '" + args->mutation +
                                                    "' (tandem sim --list-mutations)");
+    if (o.mutation != pd::Mutation::kNone && !pd::kMutationsBuilt)
+      throw CLI::ValidationError("--mutation", "this Release build has no mutations compiled in; configure a test "
+                                               "build (cmake -B build-dev -DCMAKE_BUILD_TYPE=RelWithDebInfo) and run "
+                                               "its tandem sim");
     if (args->seed >= 0) {
       args->first_seed = static_cast<uint64_t>(args->seed);
       args->seeds = 1;

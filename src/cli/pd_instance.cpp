@@ -216,6 +216,14 @@ std::string PdInstance::debug_json() {
   return j.dump();
 }
 
+namespace {
+json fencing_json(const std::vector<std::pair<pd::NodeId, pd::Epoch>>& fencing) {
+  json list = json::array();
+  for (const auto& [node, epoch] : fencing) list.push_back({{"node", node}, {"epoch", epoch}});
+  return list;
+}
+}  // namespace
+
 bool PdInstance::register_once(std::string* why) {
   router::InstanceInfo info;
   info.node = options_.node;
@@ -285,6 +293,7 @@ void PdInstance::heartbeat_loop() {
                  {"epoch", epoch_},
                  {"free_blocks", engine_.n_kv_blocks() - m.kv_blocks_used.load()},
                  {"quarantined_blocks", agent_->quarantined_blocks()},
+                 {"fencing", fencing_json(agent_->fencing())},
                  {"waiting", m.waiting.load() + m.waiting_remote_kv.load()},
                  {"draining", draining_.load()},
                  {"registry_version", registry_version}};

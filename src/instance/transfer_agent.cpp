@@ -167,6 +167,15 @@ void TransferAgent::execute(pd::Outputs& out) {
   next_wake_ms_ = std::min(next_wake_ms_, out.wake_at_ms);
   out.clear();
   quarantined_blocks_.store(core().quarantined_blocks(), std::memory_order_relaxed);
+  const auto& pending = core().fences_pending();
+  std::lock_guard<std::mutex> lock(fencing_mu_);
+  if (fencing_.size() != pending.size() || !std::equal(fencing_.begin(), fencing_.end(), pending.begin()))
+    fencing_.assign(pending.begin(), pending.end());
+}
+
+std::vector<std::pair<pd::NodeId, pd::Epoch>> TransferAgent::fencing() const {
+  std::lock_guard<std::mutex> lock(fencing_mu_);
+  return fencing_;
 }
 
 void TransferAgent::send(const pd::Message& m) {

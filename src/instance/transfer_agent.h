@@ -115,6 +115,9 @@ class TransferAgent {
   uint16_t listen_port() const { return listen_port_; }
   // Thread-safe. Blocks held by transfers that ended (for the router's credits).
   int64_t quarantined_blocks() const { return quarantined_blocks_.load(std::memory_order_relaxed); }
+  // Thread-safe. The peer incarnations this instance is fencing: cut off from
+  // it until the fence completes (the router pairs neither with the other).
+  std::vector<std::pair<pd::NodeId, pd::Epoch>> fencing() const;
 
   // A snapshot taken on the agent thread (bounded wait; nullopt if it does not answer).
   struct Snapshot {
@@ -154,6 +157,8 @@ class TransferAgent {
   uint16_t listen_port_ = 0;
   uint64_t block_bytes_ = 0;
   std::atomic<int64_t> quarantined_blocks_{0};  // refreshed after every core call
+  mutable std::mutex fencing_mu_;
+  std::vector<std::pair<pd::NodeId, pd::Epoch>> fencing_;  // likewise, under fencing_mu_
   std::unique_ptr<pd::PrefillSide> prefill_;
   std::unique_ptr<pd::DecodeSide> decode_;
 

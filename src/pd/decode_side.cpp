@@ -8,12 +8,7 @@ namespace tandem::pd {
 
 DecodeSide::DecodeSide(NodeId id, Epoch epoch, int32_t capacity_blocks,
                        const ProtocolConfig& config)
-    : NodeCore(id, epoch, Role::kDecode, capacity_blocks, config) {}
-
-Outbox* DecodeSide::outbox_of(TransferId transfer) {
-  auto it = transfers_.find(transfer);
-  return it == transfers_.end() ? nullptr : &it->second.outbox;
-}
+    : TransferSide(id, epoch, Role::kDecode, capacity_blocks, config) {}
 
 std::string DecodeSide::check_sibling_maps() const {
   size_t forward = 0;
@@ -37,15 +32,9 @@ std::string DecodeSide::check_sibling_maps() const {
   return "";
 }
 
-void DecodeSide::set_state(DecodeTransfer& t, DecodeState state, TimeMs now_ms) {
-  t.state = state;
-  t.state_since_ms = now_ms;
-  ++stats_.state_entries[static_cast<int>(state)];
-}
-
 void DecodeSide::add_sibling(TransferId transfer, SiblingId sibling) {
   transfer_by_sibling_[sibling] = transfer;
-  if (config_.mutation == Mutation::kOneToOneSiblingMap) {
+  if (mutated(config_, Mutation::kOneToOneSiblingMap)) {
     siblings_by_transfer_[transfer] = {sibling};  // mutation 2: the last sibling wins
   } else {
     siblings_by_transfer_[transfer].push_back(sibling);
@@ -248,7 +237,7 @@ void DecodeSide::on_read_done(TransferId transfer, RmaResult result, TimeMs now_
 }
 
 void DecodeSide::release_to_prefill(DecodeTransfer& t, TimeMs now_ms, Outputs* out) {
-  if (config_.mutation == Mutation::kReleaseWithLocalId) {
+  if (mutated(config_, Mutation::kReleaseWithLocalId)) {
     // Mutation 3: the release names our local id, which the prefill never saw.
     Message release = make(MessageKind::kRelease, t.peer, t.peer_epoch, t.id);
     release.reason = t.ending ? t.end_reason : EndReason::kCompleted;
@@ -326,7 +315,7 @@ void DecodeSide::end_transfer(DecodeTransfer& t, EndReason reason, TimeMs now_ms
   }
   auto list = siblings_by_transfer_.find(t.id);
   if (list != siblings_by_transfer_.end()) {
-    if (t.siblings_started && config_.mutation != Mutation::kEndKeepsSiblings) {
+    if (t.siblings_started && !mutated(config_, Mutation::kEndKeepsSiblings)) {
       Effect stop;
       stop.kind = EffectKind::kStopSiblings;
       stop.transfer = t.id;
@@ -348,7 +337,7 @@ void DecodeSide::try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out) 
       set_state(t, DecodeState::kQuarantined, now_ms);
       t.quarantined_ms = now_ms;
     }
-    bool mutation_timeout = config_.mutation == Mutation::kFreeQuarantineOnTimeout &&
+    bool mutation_timeout = mutated(config_, Mutation::kFreeQuarantineOnTimeout) &&
                             !t.rma_in_flight &&
                             now_ms >= t.quarantined_ms + config_.mutation_quarantine_timeout_ms;
     if (!mutation_timeout) {
@@ -366,67 +355,23 @@ void DecodeSide::try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out) 
 
 void DecodeSide::send_final_release(TransferBase& base, TimeMs now_ms, Outputs* out) {
   auto& t = static_cast<DecodeTransfer&>(base);
-  if (t.mode == TransferMode::kRead && config_.mutation == Mutation::kReleaseWithLocalId)
+  if (t.mode == TransferMode::kRead && mutated(config_, Mutation::kReleaseWithLocalId))
     return release_to_prefill(t, now_ms, out);
   send_release(t, now_ms, out);
 }
 
-void DecodeSide::schedule_next(DecodeTransfer& t) {
-  TimeMs next = t.outbox.next_due_ms();
-  if (t.state == DecodeState::kEnded) {
-    // Forgotten at the TTL, but only once nothing is left to retransmit.
-    if (t.outbox.empty()) next = std::min(next, t.ended_ms + config_.tombstone_ttl_ms);
-  } else if (t.state == DecodeState::kQuarantined) {
-    if (config_.mutation == Mutation::kFreeQuarantineOnTimeout)
-      next = std::min(next, t.quarantined_ms + config_.mutation_quarantine_timeout_ms);
-  } else if (!t.ending) {
-    next = std::min(next, t.deadline_ms);
-  }
-  schedule(t.id, next);
+TimeMs DecodeSide::side_timer(const DecodeTransfer& t) const {
+  if (t.state == DecodeState::kQuarantined)
+    return mutated(config_, Mutation::kFreeQuarantineOnTimeout) ? t.quarantined_ms + config_.mutation_quarantine_timeout_ms
+                                                                : kNever;
+  return t.ending ? kNever : t.deadline_ms;
 }
 
-void DecodeSide::service(TransferId transfer, TimeMs now_ms, Outputs* out) {
-  auto it = transfers_.find(transfer);
-  if (it == transfers_.end()) return;
-  DecodeTransfer& t = it->second;
-  auto end = [&](EndReason reason) { end_transfer(t, reason, now_ms, out); };
-  if (service_outbox(t, now_ms, out, end) && t.state == DecodeState::kQuarantined) {
-    // Waiting on a peer that answers nothing for max_retransmits: treat it as
-    // dead (access revoked before anything is freed).
-    t.peer_dead = true;
-  }
+void DecodeSide::service_side(DecodeTransfer& t, bool peer_silent, TimeMs now_ms, Outputs* out) {
+  // Waiting on a peer that answers nothing for max_retransmits: treat it as
+  // dead (fenced before anything is freed).
+  if (peer_silent && t.state == DecodeState::kQuarantined) t.peer_dead = true;
   if (t.state == DecodeState::kQuarantined) try_finish_end(t, now_ms, out);
-  if (t.state == DecodeState::kEnded && t.outbox.empty() &&
-      now_ms >= t.ended_ms + config_.tombstone_ttl_ms) {
-    ++stats_.tombstones_expired;
-    transfers_.erase(it);
-    return;
-  }
-  schedule_next(t);
-}
-
-void DecodeSide::on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) {
-  for (auto& [id, t] : transfers_) {
-    if (t.peer != death.node || t.peer_epoch != death.epoch) continue;
-    if (death.fenced) t.peer_fenced = true;
-    // A lease can expire on a live peer cut off for a while: keep telling it
-    // (it may still wait for us), unless it restarted and forgot everything.
-    if (forgot_us(t)) t.outbox.drop_to(death.node, death.epoch);
-    if (t.peer_dead) {
-      // Already ending on its death; a completed fence may let it finish.
-      if (t.ending) try_finish_end(t, now_ms, out);
-      continue;
-    }
-    t.peer_dead = true;
-    if (t.state == DecodeState::kDecoding) {
-      // The KV is here: the prefill is no longer needed, the request goes on.
-      continue;
-    } else if (!t.ending) {
-      end_transfer(t, EndReason::kPeerDead, now_ms, out);
-    } else {
-      try_finish_end(t, now_ms, out);
-    }
-  }
 }
 
 }  // namespace tandem::pd

@@ -8,7 +8,7 @@
 #include <array>
 #include <map>
 
-#include "pd/node_core.h"
+#include "pd/transfer_side.h"
 
 namespace tandem::pd {
 
@@ -25,7 +25,7 @@ struct DecodeTransfer : TransferBase {
   TimeMs quarantined_ms = kNever;  // mutation 4 only
 };
 
-class DecodeSide : public NodeCore {
+class DecodeSide : public TransferSide<DecodeTransfer, DecodeState, kDecodeStateCount> {
  public:
   DecodeSide(NodeId id, Epoch epoch, int32_t capacity_blocks, const ProtocolConfig& config);
 
@@ -42,16 +42,6 @@ class DecodeSide : public NodeCore {
   // A local end (the client went away, shutdown): the one release path.
   void cancel(TransferId transfer, EndReason reason, TimeMs now_ms, Outputs* out);
 
-  // Inspection.
-  const DecodeTransfer* find(TransferId transfer) const { return find_transfer(transfers_, transfer); }
-  const std::map<TransferId, DecodeTransfer>& transfers() const { return transfers_; }
-  std::array<int64_t, kDecodeStateCount> count_by_state() const { return count_by_state_of<kDecodeStateCount>(transfers_); }
-  std::array<StateAge, kDecodeStateCount> ages_by_state(TimeMs now_ms) const {
-    return pd::ages_by_state<decltype(transfers_), kDecodeStateCount>(transfers_, now_ms);
-  }
-  int64_t blocks_held() const { return blocks_held_by(transfers_); }
-  int64_t quarantined_blocks() const override { return blocks_quarantined_by(transfers_); }
-  int64_t slots_held() const { return slots_held_by(transfers_); }
   // Siblings are children of their transfer: transfer -> {siblings} and
   // sibling -> transfer must describe the same relation. Returns "" when they
   // do, else what is wrong.
@@ -63,10 +53,13 @@ class DecodeSide : public NodeCore {
  protected:
   void handle(const Message& message, TimeMs now_ms, Outputs* out) override;
   void on_ack(TransferId transfer, MessageKind acked, TimeMs now_ms, Outputs* out) override;
-  Outbox* outbox_of(TransferId transfer) override;
-  void service(TransferId transfer, TimeMs now_ms, Outputs* out) override;
-  void on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) override;
   void send_final_release(TransferBase& t, TimeMs now_ms, Outputs* out) override;
+  void end_transfer(DecodeTransfer& t, EndReason reason, TimeMs now_ms, Outputs* out) override;
+  void try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out) override;
+  void service_side(DecodeTransfer& t, bool peer_silent, TimeMs now_ms, Outputs* out) override;
+  TimeMs side_timer(const DecodeTransfer& t) const override;
+  // The KV is here: the prefill is no longer needed, the request goes on.
+  bool outlives_peer(const DecodeTransfer& t) const override { return t.state == DecodeState::kDecoding; }
 
  private:
   void on_start(const Message& message, TimeMs now_ms, Outputs* out);
@@ -77,12 +70,7 @@ class DecodeSide : public NodeCore {
   void post_read(DecodeTransfer& t, TimeMs now_ms, Outputs* out);
   void kv_ready(DecodeTransfer& t, TimeMs now_ms, Outputs* out);
   void release_to_prefill(DecodeTransfer& t, TimeMs now_ms, Outputs* out);
-  void set_state(DecodeTransfer& t, DecodeState state, TimeMs now_ms);
-  void end_transfer(DecodeTransfer& t, EndReason reason, TimeMs now_ms, Outputs* out);
-  void try_finish_end(DecodeTransfer& t, TimeMs now_ms, Outputs* out);
-  void schedule_next(DecodeTransfer& t);
 
-  std::map<TransferId, DecodeTransfer> transfers_;
   std::map<TransferId, std::vector<SiblingId>> siblings_by_transfer_;
   std::map<SiblingId, TransferId> transfer_by_sibling_;
   // Local ids live in their own range (transfer ids stay below 2^62) so that

@@ -226,7 +226,7 @@ void NodeCore::send_release(TransferBase& t, TimeMs now_ms, Outputs* out) {
 }
 
 bool NodeCore::must_hold(TransferBase& t, TimeMs now_ms, Outputs* out) {
-  bool reachable = peer_can_reach(t) && !(t.peer_dead && config_.mutation == Mutation::kFreeWithoutFence);
+  bool reachable = peer_can_reach(t) && !(t.peer_dead && mutated(config_, Mutation::kFreeWithoutFence));
   if (!t.rma_in_flight && !reachable) return false;
   // A dead peer never answers: only fencing it makes the memory private again.
   if (reachable && t.peer_dead) request_fence(t.peer, t.peer_epoch, out);

@@ -14,18 +14,7 @@ constexpr TimeMs kLateAddressesMs = 60'000;
 
 PrefillSide::PrefillSide(NodeId id, Epoch epoch, int32_t capacity_blocks,
                          const ProtocolConfig& config)
-    : NodeCore(id, epoch, Role::kPrefill, capacity_blocks, config) {}
-
-Outbox* PrefillSide::outbox_of(TransferId transfer) {
-  auto it = transfers_.find(transfer);
-  return it == transfers_.end() ? nullptr : &it->second.outbox;
-}
-
-void PrefillSide::set_state(PrefillTransfer& t, PrefillState state, TimeMs now_ms) {
-  t.state = state;
-  t.state_since_ms = now_ms;
-  ++stats_.state_entries[static_cast<int>(state)];
-}
+    : TransferSide(id, epoch, Role::kPrefill, capacity_blocks, config) {}
 
 void PrefillSide::handle(const Message& m, TimeMs now_ms, Outputs* out) {
   if (m.kind == MessageKind::kStartPrefill) return on_start(m, now_ms, out);
@@ -113,7 +102,7 @@ void PrefillSide::on_prefill_computed(TransferId transfer, std::vector<BlockId> 
       // request lives (no timer of its own, unless mutation 1 is on).
       ++stats_.deferred_writes;
       set_state(t, PrefillState::kAwaitingAddresses, now_ms);
-      if (config_.mutation == Mutation::kFixedDeferExpiry)
+      if (mutated(config_, Mutation::kFixedDeferExpiry))
         t.defer_expiry_ms = now_ms + config_.mutation_defer_expiry_ms;
     }
   } else {
@@ -202,7 +191,7 @@ void PrefillSide::on_write_done(TransferId transfer, RmaResult result, TimeMs no
     t.release_sent = true;
     set_state(t, PrefillState::kAwaitingWriteDoneAck, now_ms);
   } else if (result == RmaResult::kPostFailed &&
-             config_.mutation == Mutation::kSilentWritePostFailure) {
+             mutated(config_, Mutation::kSilentWritePostFailure)) {
     // Mutation 5: give up without telling the decode or the router.
     free_held(t, out);
     t.ending = true;
@@ -278,58 +267,19 @@ void PrefillSide::try_finish_end(PrefillTransfer& t, TimeMs now_ms, Outputs* out
   schedule_next(t);
 }
 
-void PrefillSide::schedule_next(PrefillTransfer& t) {
-  TimeMs next = t.outbox.next_due_ms();
-  if (t.state == PrefillState::kEnded) {
-    // Forgotten at the TTL, but only once nothing is left to retransmit.
-    if (t.outbox.empty()) next = std::min(next, t.ended_ms + config_.tombstone_ttl_ms);
-  } else if (!t.ending) {
-    next = std::min({next, t.deadline_ms, t.defer_expiry_ms});
-  }
-  schedule(t.id, next);
+TimeMs PrefillSide::side_timer(const PrefillTransfer& t) const {
+  return t.ending ? kNever : std::min(t.deadline_ms, t.defer_expiry_ms);
 }
 
-void PrefillSide::service(TransferId transfer, TimeMs now_ms, Outputs* out) {
-  auto it = transfers_.find(transfer);
-  if (it == transfers_.end()) return;
-  PrefillTransfer& t = it->second;
-  auto end = [&](EndReason reason) { end_transfer(t, reason, now_ms, out); };
-  if (service_outbox(t, now_ms, out, end) && t.state == PrefillState::kDraining && !t.rma_in_flight) {
+void PrefillSide::service_side(PrefillTransfer& t, bool peer_silent, TimeMs now_ms, Outputs* out) {
+  if (peer_silent && t.state == PrefillState::kDraining && !t.rma_in_flight) {
     // Waiting on a decode that answers nothing for max_retransmits: treat it
-    // as dead (access revoked before anything is freed).
+    // as dead (fenced before anything is freed).
     t.peer_dead = true;
     try_finish_end(t, now_ms, out);
   }
   if (t.state == PrefillState::kAwaitingAddresses && now_ms >= t.defer_expiry_ms)
-    end(EndReason::kDeferExpired);
-  if (t.state == PrefillState::kEnded && t.outbox.empty() &&
-      now_ms >= t.ended_ms + config_.tombstone_ttl_ms) {
-    ++stats_.tombstones_expired;
-    transfers_.erase(it);
-    return;
-  }
-  schedule_next(t);
-}
-
-void PrefillSide::on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) {
-  for (auto& [id, t] : transfers_) {
-    if (t.peer != death.node || t.peer_epoch != death.epoch) continue;
-    if (death.fenced) t.peer_fenced = true;
-    // A lease can expire on a live peer cut off for a while: keep telling it
-    // (it may still wait for us), unless it restarted and forgot everything.
-    if (forgot_us(t)) t.outbox.drop_to(death.node, death.epoch);
-    if (t.peer_dead) {
-      // Already ending on its death; a completed fence may let it finish.
-      if (t.ending) try_finish_end(t, now_ms, out);
-      continue;
-    }
-    t.peer_dead = true;
-    if (!t.ending) {
-      end_transfer(t, EndReason::kPeerDead, now_ms, out);
-    } else {
-      try_finish_end(t, now_ms, out);
-    }
-  }
+    end_transfer(t, EndReason::kDeferExpired, now_ms, out);
 }
 
 }  // namespace tandem::pd

@@ -9,7 +9,7 @@
 #include <array>
 #include <map>
 
-#include "pd/node_core.h"
+#include "pd/transfer_side.h"
 
 namespace tandem::pd {
 
@@ -24,7 +24,7 @@ struct PrefillTransfer : TransferBase {
   TimeMs defer_expiry_ms = kNever;  // mutation 1 only
 };
 
-class PrefillSide : public NodeCore {
+class PrefillSide : public TransferSide<PrefillTransfer, PrefillState, kPrefillStateCount> {
  public:
   PrefillSide(NodeId id, Epoch epoch, int32_t capacity_blocks, const ProtocolConfig& config);
 
@@ -38,37 +38,19 @@ class PrefillSide : public NodeCore {
   // error): the one release path with `reason`. Unknown or ending: no-op.
   void cancel(TransferId transfer, EndReason reason, TimeMs now_ms, Outputs* out);
 
-  // Inspection (metrics, debug endpoint, simulator invariants).
-  const PrefillTransfer* find(TransferId transfer) const { return find_transfer(transfers_, transfer); }
-  const std::map<TransferId, PrefillTransfer>& transfers() const { return transfers_; }
-  std::array<int64_t, kPrefillStateCount> count_by_state() const { return count_by_state_of<kPrefillStateCount>(transfers_); }
-  std::array<StateAge, kPrefillStateCount> ages_by_state(TimeMs now_ms) const {
-    return pd::ages_by_state<decltype(transfers_), kPrefillStateCount>(transfers_, now_ms);
-  }
-  int64_t blocks_held() const { return blocks_held_by(transfers_); }
-  int64_t quarantined_blocks() const override { return blocks_quarantined_by(transfers_); }
-  int64_t slots_held() const { return slots_held_by(transfers_); }
-
  protected:
   void handle(const Message& message, TimeMs now_ms, Outputs* out) override;
   void on_ack(TransferId transfer, MessageKind acked, TimeMs now_ms, Outputs* out) override;
-  Outbox* outbox_of(TransferId transfer) override;
-  void service(TransferId transfer, TimeMs now_ms, Outputs* out) override;
-  void on_peer_death(const PeerDeath& death, TimeMs now_ms, Outputs* out) override;
+  void end_transfer(PrefillTransfer& t, EndReason reason, TimeMs now_ms, Outputs* out) override;
+  void try_finish_end(PrefillTransfer& t, TimeMs now_ms, Outputs* out) override;
+  void service_side(PrefillTransfer& t, bool peer_silent, TimeMs now_ms, Outputs* out) override;
+  TimeMs side_timer(const PrefillTransfer& t) const override;
 
  private:
   void on_start(const Message& message, TimeMs now_ms, Outputs* out);
   void on_remote_blocks(PrefillTransfer& t, const Message& message, TimeMs now_ms, Outputs* out);
   void on_release(PrefillTransfer& t, const Message& message, TimeMs now_ms, Outputs* out);
   void post_write(PrefillTransfer& t, TimeMs now_ms, Outputs* out);
-  void set_state(PrefillTransfer& t, PrefillState state, TimeMs now_ms);
-  // The one release path: runs once per transfer.
-  void end_transfer(PrefillTransfer& t, EndReason reason, TimeMs now_ms, Outputs* out);
-  // Frees and leaves a tombstone once no peer access and no RMA remain.
-  void try_finish_end(PrefillTransfer& t, TimeMs now_ms, Outputs* out);
-  void schedule_next(PrefillTransfer& t);
-
-  std::map<TransferId, PrefillTransfer> transfers_;
 };
 
 }  // namespace tandem::pd

@@ -125,6 +125,19 @@ struct ProtocolConfig {
   TimeMs mutation_quarantine_timeout_ms = 2'000;   // mutation 4
 };
 
+// Mutations are known bugs the simulator's and the protocol tests' mutation
+// checks switch on. They are built only into test builds (Debug,
+// RelWithDebInfo, sanitizers: TANDEM_PD_MUTATIONS); in a Release build every
+// check below is the constant false, so no test switch sits in a hot decision.
+#ifdef TANDEM_PD_MUTATIONS
+constexpr bool kMutationsBuilt = true;
+#else
+constexpr bool kMutationsBuilt = false;
+#endif
+inline bool mutated(const ProtocolConfig& config, Mutation mutation) {
+  return kMutationsBuilt && config.mutation == mutation;
+}
+
 // Block arithmetic shared by the router's credits and the instances' allocations.
 inline int32_t blocks_for_tokens(int64_t tokens, int32_t block_size) {
   return static_cast<int32_t>(tandem::blocks_for_tokens(tokens, block_size));

@@ -65,6 +65,8 @@ bool verify(const std::string& secret, const std::string& body, const std::strin
 }
 
 json to_json(const InstanceInfo& i) {
+  json fencing = json::array();
+  for (const auto& [node, epoch] : i.fencing) fencing.push_back({{"node", node}, {"epoch", epoch}});
   return {{"node", i.node},
           {"epoch", i.epoch},
           {"role", std::string(pd::name(i.role))},
@@ -82,6 +84,7 @@ json to_json(const InstanceInfo& i) {
           {"reserved_blocks", i.reserved_blocks},
           {"waiting", i.waiting},
           {"draining", i.draining},
+          {"fencing", fencing},
           {"in_flight", i.in_flight},
           {"requests", i.requests}};
 }

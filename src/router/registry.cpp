@@ -59,6 +59,7 @@ bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& l
   i.quarantined_blocks = std::clamp<int64_t>(load.quarantined_blocks, 0, i.capacity_blocks);
   i.waiting = load.waiting;
   i.draining = load.draining;
+  i.fencing = load.fencing;
   i.last_heard_ms = now_ms;
   if (freed) credits_changed();
   return true;
@@ -108,6 +109,19 @@ Pick Registry::pick(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>
   best->reserved_blocks += blocks;
   p.instance = *best;
   return p;
+}
+
+std::vector<pd::NodeId> Registry::cut_from(const InstanceInfo& picked) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto fences = [](const InstanceInfo& a, const InstanceInfo& b) {
+    return std::find(a.fencing.begin(), a.fencing.end(), std::pair{b.node, b.epoch}) != a.fencing.end();
+  };
+  std::vector<pd::NodeId> cut;
+  auto self = instances_.find(picked.node);
+  if (self == instances_.end()) return cut;
+  for (const auto& [node, info] : instances_)
+    if (node != picked.node && (fences(self->second, info) || fences(info, self->second))) cut.push_back(node);
+  return cut;
 }
 
 InstanceInfo* Registry::entry_of(const InstanceInfo& picked) {

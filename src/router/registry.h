@@ -43,6 +43,10 @@ struct InstanceInfo {
   int64_t quarantined_blocks = 0;
   int64_t waiting = 0;
   bool draining = false;  // shutting down: not picked for new requests
+  // Peer incarnations this instance is fencing (it holds them dead until the
+  // fence completes, which on shared memory it may never): the router does
+  // not pair it with them.
+  std::vector<std::pair<pd::NodeId, pd::Epoch>> fencing;
   int64_t last_heard_ms = 0;
   int64_t registered_ms = 0;
   // Router side.
@@ -62,6 +66,7 @@ struct InstanceLoad {
   int64_t quarantined_blocks = 0;
   int64_t waiting = 0;
   bool draining = false;
+  std::vector<std::pair<pd::NodeId, pd::Epoch>> fencing;
 };
 
 struct Pick {
@@ -93,6 +98,9 @@ class Registry {
   // hold `blocks`, the least loaded is picked all the same: the instance
   // refuses the request with its own reason, which the client gets.
   Pick pick(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>& avoid = {});
+  // The instances `picked` must not be paired with: those it is fencing, and
+  // those fencing it, in their current incarnations.
+  std::vector<pd::NodeId> cut_from(const InstanceInfo& picked) const;
   // Changes the reservation on `node` by `delta_blocks` (negative: returned;
   // a reservation corrected to the request's exact size, or the prefill's
   // returned once its KV has moved).

@@ -198,6 +198,11 @@ void RouterServer::install_routes() {
       load.quarantined_blocks = j->value("quarantined_blocks", int64_t{0});
       load.waiting = j->value("waiting", int64_t{0});
       load.draining = j->value("draining", false);
+      auto fencing = j->find("fencing");
+      if (fencing != j->end() && fencing->is_array() && fencing->size() <= 4096)
+        for (const json& f : *fencing)
+          if (f.is_object() && f.value("node", json()).is_number_unsigned() && f.value("epoch", json()).is_number_unsigned())
+            load.fencing.emplace_back(f["node"].get<pd::NodeId>(), f["epoch"].get<pd::Epoch>());
       known = registry_.heartbeat(j->value("node", 0u), j->value("epoch", 0u), load, monotonic_ms());
     }
     if (!known) return send_json(res, 404, {{"error", "unknown node or epoch: register again"}});
@@ -337,6 +342,10 @@ std::optional<RouterServer::Pair> RouterServer::pick_pair(const RequestShape& sh
                                                           const std::vector<pd::NodeId>& avoid_decode, int64_t deadline_ms,
                                                           ApiError* refusal) {
   bool counted = false;
+  // Prefills passed over because every decode is cut off from them (one of
+  // the two is fencing the other).
+  std::vector<pd::NodeId> skip_prefill = avoid_prefill;
+  bool skipped_cut = false;
   for (;;) {
     auto limits = registry_.limits();
     Pair pair;
@@ -344,21 +353,32 @@ std::optional<RouterServer::Pair> RouterServer::pick_pair(const RequestShape& sh
     if (limits) {
       pair.prefill_credits = prefill_credits(shape, limits->block_size, limits->max_model_len);
       pair.decode_credits = decode_credits(shape, limits->block_size, limits->max_model_len);
-      p = registry_.pick(pd::Role::kPrefill, pair.prefill_credits, avoid_prefill);
+      p = registry_.pick(pd::Role::kPrefill, pair.prefill_credits, skip_prefill);
       if (p.instance) {
-        d = registry_.pick(pd::Role::kDecode, pair.decode_credits, avoid_decode);
+        std::vector<pd::NodeId> avoid = avoid_decode;
+        const std::vector<pd::NodeId> cut = registry_.cut_from(*p.instance);
+        avoid.insert(avoid.end(), cut.begin(), cut.end());
+        d = registry_.pick(pd::Role::kDecode, pair.decode_credits, avoid);
         if (d.instance) {
           pair.prefill = *p.instance;
           pair.decode = *d.instance;
           return pair;
         }
         registry_.done(*p.instance, pair.prefill_credits);  // both legs or neither
+        if (!d.must_wait && !cut.empty()) {
+          skip_prefill.push_back(p.instance->node);
+          skipped_cut = true;
+          continue;
+        }
       }
     }
     const char* role = !p.instance ? "prefill" : "decode";
     if (!(p.instance ? d.must_wait : p.must_wait)) {
       ++counters_.rejected_no_instance;
       *refusal = no_instance(role);
+      if (skipped_cut)
+        refusal->message = "no prefill and decode instance can reach each other: each pair is cut off (one of the "
+                           "two is fencing the other after a failure; /debug/instances lists who fences whom)";
       return std::nullopt;
     }
     // Every instance that could hold the request has its credits taken:
