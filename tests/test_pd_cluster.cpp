@@ -27,6 +27,7 @@
 #include "instance/fingerprint.h"
 #include "model/model.h"
 #include "model_fixtures.h"
+#include "process_fixtures.h"
 #include "pd/types.h"
 #include "transport/ucx_transport.h"
 #include "transport/wire.h"
@@ -37,17 +38,7 @@ namespace {
 
 using json = nlohmann::json;
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::free_port;
 
 // A process group running one command; killed and reaped when it goes.
 class Group {
@@ -207,19 +198,7 @@ std::string stream_text(int port, const std::string& path, json body) {
   return text;
 }
 
-double metric(int port, const std::string& name) {
-  httplib::Client cli("127.0.0.1", port);
-  auto r = cli.Get("/metrics");
-  if (!r) return -1;
-  // "name value" or "name{labels} value"
-  for (const char* after : {" ", "{"}) {
-    size_t at = r->body.find("\n" + name + after);
-    if (at == std::string::npos) continue;
-    size_t space = r->body.find(' ', at + 1 + name.size());
-    return std::stod(r->body.substr(space + 1));
-  }
-  return -2;
-}
+double metric(int port, const std::string& name) { return testing::metric("127.0.0.1", port, name); }
 
 std::vector<int> instance_ports(int router_port) {
   httplib::Client cli("127.0.0.1", router_port);
@@ -544,6 +523,16 @@ TEST(PdClusterSoak, TwoHundredRequestsUnderInjectedFaults) {
   for (int i = 0; i < kRequests; ++i) same += got[i] == want[i];
   EXPECT_EQ(same, kRequests);
   std::fprintf(stderr, "soak: %d requests in %lld ms\n", kRequests, static_cast<long long>(monotonic_ms() - start));
+  // The router's /metrics shows the cluster's protocol health from the
+  // instances' heartbeats: both healthy, the duplicates the faults made, and
+  // no transfer left in any state once drained.
+  EXPECT_EQ(metric(c.port, "tandem_router_instances_by_health{health=\"healthy\"}"), 2);
+  double duplicates = -1;
+  for (int64_t until = monotonic_ms() + 5'000; monotonic_ms() < until && duplicates <= 0;) {
+    duplicates = metric(c.port, "tandem_router_protocol_drops{reason=\"duplicate\"}");
+    if (duplicates <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GT(duplicates, 0);
   for (const char* role : {"prefill", "decode"}) {
     json d = instance_debug(c.port, role);
     EXPECT_GT(d.value("/injected_faults/dropped"_json_pointer, 0), 0) << d.dump() << c.group->log();

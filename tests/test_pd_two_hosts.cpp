@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model_fixtures.h"
+#include "process_fixtures.h"
 #include "util/clock.h"
 
 namespace tandem {
@@ -96,17 +97,8 @@ auto in_namespace(const std::string& ns, F f) {
   }).get();
 }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::free_port;
+using testing::metric;
 
 json post(const std::string& host, int port, const json& body) {
   httplib::Client cli(host, port);
@@ -135,20 +127,6 @@ json get(const std::string& host, int port, const std::string& path) {
   cli.set_connection_timeout(2, 0);
   auto r = cli.Get(path);
   return r ? json::parse(r->body, nullptr, false) : json();
-}
-
-double metric(const std::string& host, int port, const std::string& name) {
-  httplib::Client cli(host, port);
-  auto r = cli.Get("/metrics");
-  if (!r) return -1;
-  // "name value" or "name{labels} value"
-  for (const char* after : {" ", "{"}) {
-    size_t at = r->body.find("\n" + name + after);
-    if (at == std::string::npos) continue;
-    size_t space = r->body.find(' ', at + 1 + name.size());
-    return std::stod(r->body.substr(space + 1));
-  }
-  return -2;
 }
 
 class PdTwoHosts : public ::testing::TestWithParam<std::string> {};

@@ -297,6 +297,21 @@ void PdInstance::heartbeat_loop() {
                  {"waiting", m.waiting.load() + m.waiting_remote_kv.load()},
                  {"draining", draining_.load()},
                  {"registry_version", registry_version}};
+    // The protocol's health, for the router's /metrics: drops by reason,
+    // transfers by state with the oldest in each (omitted if the agent does
+    // not answer in time; the router then keeps the last it had).
+    if (auto s = agent_->snapshot(200)) {
+      json drops = json::object(), states = json::object();
+      for (int i = 0; i < pd::kDropReasonCount; ++i)
+        drops[std::string(pd::name(static_cast<pd::DropReason>(i)))] = s->stats.drops[static_cast<size_t>(i)];
+      for (size_t i = 0; i < s->transfers_by_state.size(); ++i) {
+        std::string name = options_.role == pd::Role::kPrefill ? std::string(pd::name(static_cast<pd::PrefillState>(i)))
+                                                               : std::string(pd::name(static_cast<pd::DecodeState>(i)));
+        states[name] = {{"count", s->transfers_by_state[i]}, {"oldest_ms", s->ages_by_state[i].oldest_ms}};
+      }
+      body["drops"] = std::move(drops);
+      body["transfers_by_state"] = std::move(states);
+    }
     std::string text = body.dump();
     auto r = cli.Post("/internal/heartbeat", {{router::kSignatureHeader, router::sign(options_.secret, text)}}, text,
                       "application/json");

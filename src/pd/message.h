@@ -41,6 +41,7 @@ struct Message {
   Role role = Role::kRouter;
   int32_t capacity_blocks = 0;
   int32_t quarantined_blocks = 0;
+  bool draining = false;  // the sender refuses new transfers (it is shutting down)
 
   // StartPrefill / StartDecode.
   TransferMode mode = TransferMode::kWrite;

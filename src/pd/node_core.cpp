@@ -279,7 +279,7 @@ void NodeCore::on_message(const Message& message, TimeMs now_ms, Outputs* out) {
   std::vector<PeerDeath> deaths;
   if (message.kind == MessageKind::kHeartbeat) {
     if (!leases_.heard(message.from, message.from_epoch, message.role, message.capacity_blocks,
-                       now_ms, &deaths, message.quarantined_blocks))
+                       now_ms, &deaths, message.quarantined_blocks, message.draining))
       drop(DropReason::kStaleEpoch);
     declare_deaths(deaths, now_ms, out);
     on_heartbeat(now_ms, out);
@@ -339,6 +339,7 @@ void NodeCore::on_timer(TimeMs now_ms, Outputs* out) {
       hb.role = role_;
       hb.capacity_blocks = capacity_blocks_;
       hb.quarantined_blocks = static_cast<int32_t>(std::min<int64_t>(quarantined_blocks(), capacity_blocks_));
+      hb.draining = draining_;
       out->messages.push_back(std::move(hb));
     }
     next_heartbeat_ms_ = now_ms + config_.heartbeat_interval_ms;

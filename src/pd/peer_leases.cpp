@@ -5,7 +5,8 @@
 namespace tandem::pd {
 
 bool PeerLeases::heard(NodeId node, Epoch epoch, Role role, int32_t capacity_blocks,
-                       TimeMs now_ms, std::vector<PeerDeath>* deaths, int32_t quarantined_blocks) {
+                       TimeMs now_ms, std::vector<PeerDeath>* deaths, int32_t quarantined_blocks,
+                       bool draining) {
   auto [it, inserted] = peers_.try_emplace(node);
   Peer& peer = it->second;
   if (!inserted && epoch < peer.epoch) return false;
@@ -22,6 +23,7 @@ bool PeerLeases::heard(NodeId node, Epoch epoch, Role role, int32_t capacity_blo
   peer.role = role;
   peer.capacity_blocks = capacity_blocks;
   peer.quarantined_blocks = quarantined_blocks;
+  peer.draining = draining;
   return true;
 }
 

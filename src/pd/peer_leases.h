@@ -29,6 +29,7 @@ class PeerLeases {
     Role role = Role::kRouter;
     int32_t capacity_blocks = 0;
     int32_t quarantined_blocks = 0;  // from its last heartbeat
+    bool draining = false;           // likewise: it refuses new transfers
   };
 
   explicit PeerLeases(TimeMs lease_ms) : lease_ms_(lease_ms) {}
@@ -37,7 +38,7 @@ class PeerLeases {
   // older one dead at once (appended to `deaths`). An older one is ignored and
   // reported as stale (returns false).
   bool heard(NodeId node, Epoch epoch, Role role, int32_t capacity_blocks, TimeMs now_ms,
-             std::vector<PeerDeath>* deaths, int32_t quarantined_blocks = 0);
+             std::vector<PeerDeath>* deaths, int32_t quarantined_blocks = 0, bool draining = false);
   // A transfer names `node` in `epoch` as its peer: starts its lease if the node
   // was unknown, and retires an older known epoch. Returns false when the named
   // epoch is already dead or superseded (the transfer must fail at once).

@@ -61,7 +61,7 @@ NodeId RouterCore::pick(Role role, int32_t blocks, bool* never_fits) const {
   int64_t best_free = -1;
   bool any_could_fit = false, any_live = false;
   for (const auto& [node, peer] : leases_.peers()) {
-    if (!peer.alive || !peer.heard || peer.role != role) continue;
+    if (!peer.alive || !peer.heard || peer.role != role || peer.draining) continue;
     any_live = true;
     if (peer.capacity_blocks >= blocks) any_could_fit = true;
     // Blocks the instance still holds for ended transfers (quarantined) are

@@ -60,6 +60,8 @@ bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& l
   i.waiting = load.waiting;
   i.draining = load.draining;
   i.fencing = load.fencing;
+  if (load.drops) i.drops = *load.drops;
+  if (load.transfers_by_state) i.transfers_by_state = *load.transfers_by_state;
   i.last_heard_ms = now_ms;
   if (freed) credits_changed();
   return true;

@@ -47,6 +47,10 @@ struct InstanceInfo {
   // fence completes, which on shared memory it may never): the router does
   // not pair it with them.
   std::vector<std::pair<pd::NodeId, pd::Epoch>> fencing;
+  // The protocol's health, from heartbeats: message drops by reason (totals
+  // since the instance started), and transfers by state: {count, oldest_ms}.
+  std::map<std::string, int64_t> drops;
+  std::map<std::string, std::pair<int64_t, int64_t>> transfers_by_state;
   int64_t last_heard_ms = 0;
   int64_t registered_ms = 0;
   // Router side.
@@ -67,6 +71,8 @@ struct InstanceLoad {
   int64_t waiting = 0;
   bool draining = false;
   std::vector<std::pair<pd::NodeId, pd::Epoch>> fencing;
+  std::optional<std::map<std::string, int64_t>> drops;  // absent: keep the last
+  std::optional<std::map<std::string, std::pair<int64_t, int64_t>>> transfers_by_state;
 };
 
 struct Pick {

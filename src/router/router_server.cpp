@@ -90,6 +90,45 @@ struct Upstream {
   }
 };
 
+// The instances by health (healthy, draining, silent: not heard for two
+// heartbeats, not yet evicted), and the protocol's health across them from
+// their heartbeats: drops by reason, transfers by role and state with the
+// oldest age (a stuck transfer shows here, in one place for the cluster).
+std::string cluster_health_metrics(const std::vector<InstanceInfo>& instances, int64_t now_ms) {
+  constexpr int64_t kSilentMs = 2'000;
+  std::map<std::string, int64_t> health = {{"healthy", 0}, {"draining", 0}, {"silent", 0}};
+  std::map<std::string, int64_t> drops;
+  std::map<std::pair<std::string, std::string>, std::pair<int64_t, int64_t>> states;
+  for (const InstanceInfo& i : instances) {
+    ++health[now_ms - i.last_heard_ms > kSilentMs ? "silent" : i.draining ? "draining" : "healthy"];
+    for (const auto& [reason, n] : i.drops) drops[reason] += n;
+    for (const auto& [state, v] : i.transfers_by_state) {
+      auto& [count, oldest] = states[{std::string(pd::name(i.role)), state}];
+      count += v.first;
+      oldest = std::max(oldest, v.second);
+    }
+  }
+  std::string m = "# HELP tandem_router_instances_by_health Registered instances by health\n"
+                  "# TYPE tandem_router_instances_by_health gauge\n";
+  for (const auto& [h, n] : health)
+    m += "tandem_router_instances_by_health{health=\"" + h + "\"} " + std::to_string(n) + "\n";
+  m += "# HELP tandem_router_protocol_drops Protocol messages the instances dropped, by reason\n"
+       "# TYPE tandem_router_protocol_drops counter\n";
+  for (const auto& [reason, n] : drops)
+    m += "tandem_router_protocol_drops{reason=\"" + reason + "\"} " + std::to_string(n) + "\n";
+  m += "# HELP tandem_router_instance_transfers Transfers on the instances by role and state\n"
+       "# TYPE tandem_router_instance_transfers gauge\n";
+  for (const auto& [key, v] : states)
+    m += "tandem_router_instance_transfers{role=\"" + key.first + "\",state=\"" + key.second + "\"} " +
+         std::to_string(v.first) + "\n";
+  m += "# HELP tandem_router_instance_transfer_oldest_ms Age in its state of the oldest transfer, by role and state\n"
+       "# TYPE tandem_router_instance_transfer_oldest_ms gauge\n";
+  for (const auto& [key, v] : states)
+    m += "tandem_router_instance_transfer_oldest_ms{role=\"" + key.first + "\",state=\"" + key.second + "\"} " +
+         std::to_string(v.second) + "\n";
+  return m;
+}
+
 }  // namespace
 
 RouterServer::RouterServer(RouterConfig config)
@@ -203,6 +242,22 @@ void RouterServer::install_routes() {
         for (const json& f : *fencing)
           if (f.is_object() && f.value("node", json()).is_number_unsigned() && f.value("epoch", json()).is_number_unsigned())
             load.fencing.emplace_back(f["node"].get<pd::NodeId>(), f["epoch"].get<pd::Epoch>());
+      // Bounded: an instance has a few drop reasons and states.
+      constexpr size_t kMaxNames = 32;
+      auto drops = j->find("drops");
+      if (drops != j->end() && drops->is_object() && drops->size() <= kMaxNames) {
+        load.drops.emplace();
+        for (const auto& [reason, n] : drops->items())
+          if (n.is_number_integer() && reason.size() <= 64) (*load.drops)[reason] = n.get<int64_t>();
+      }
+      auto states = j->find("transfers_by_state");
+      if (states != j->end() && states->is_object() && states->size() <= kMaxNames) {
+        load.transfers_by_state.emplace();
+        for (const auto& [state, v] : states->items())
+          if (v.is_object() && state.size() <= 64 && v.value("count", json()).is_number_integer() &&
+              v.value("oldest_ms", json()).is_number_integer())
+            (*load.transfers_by_state)[state] = {v["count"].get<int64_t>(), v["oldest_ms"].get<int64_t>()};
+      }
       known = registry_.heartbeat(j->value("node", 0u), j->value("epoch", 0u), load, monotonic_ms());
     }
     if (!known) return send_json(res, 404, {{"error", "unknown node or epoch: register again"}});
@@ -292,6 +347,7 @@ void RouterServer::install_routes() {
           static_cast<double>(counters_.bad_signatures.load()));
     gauge("tandem_router_instances", "Registered instances", registry_.count(pd::Role::kPrefill), "{role=\"prefill\"}");
     m += "tandem_router_instances{role=\"decode\"} " + std::to_string(registry_.count(pd::Role::kDecode)) + "\n";
+    m += cluster_health_metrics(registry_.list(), monotonic_ms());
     gauge("tandem_router_evictions", "Instances dropped for silence", static_cast<double>(registry_.evictions()));
     m += server::render_queue_metrics(*queue_stats_);
     // Requests by phase, with the age of the oldest in each (a stuck one shows).

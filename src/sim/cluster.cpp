@@ -32,11 +32,15 @@ enum class EventKind : uint8_t {
   kCrash,
   kRestart,
   kFenced,
+  kDrain,
+  kLocalCancel,
+  kEngineFailed,
 };
 
 const char* event_name(EventKind kind) {
   static const char* names[] = {"arrive", "client-abort", "deliver", "wake", "prefill-done",
-                                "admitted", "rma-done", "sibling-done", "crash", "restart", "fenced"};
+                                "admitted", "rma-done", "sibling-done", "crash", "restart", "fenced",
+                                "drain", "local-cancel", "engine-failed"};
   return names[static_cast<int>(kind)];
 }
 
@@ -127,7 +131,7 @@ struct ClientRequest {
   RouterState state = RouterState::kQueued;
   EndReason reason = EndReason::kCompleted;
   bool client_aborted = false;
-  bool injected_failure = false;  // an engine or RMA failure was injected on it
+  bool injected_failure = false;  // an engine or RMA failure was injected on it, or a local cancel
   bool slow_admission = false;
   TimeMs kv_arrived_ms = kNever;  // the decode started its siblings
   TimeMs end_ms = kNever;
@@ -148,6 +152,15 @@ class Cluster {
   void boot(SimNode& node);
   // Event plumbing.
   void push(Event e);
+  // An event with no epoch or message: a fault or a client's act.
+  void push_at(TimeMs at, EventKind kind, NodeId node = 0, uint64_t a = 0) {
+    Event e;
+    e.at = at;
+    e.kind = kind;
+    e.node = node;
+    e.a = a;
+    push(std::move(e));
+  }
   void send(const Message& m);
   void apply(SimNode& node, Outputs& out);
   void apply_effect(SimNode& node, const Effect& e);
@@ -461,6 +474,15 @@ void Cluster::apply_effect(SimNode& node, const Effect& e) {
           violation(Invariant::kKvIntegrity, pd::transfer_name(e.transfer) + ": recurrent state is not the state after N-1 tokens");
         node.slots.set_tag(e.local_slot, state_tag(e.transfer, e.prompt_tokens));
       }
+      if (rng_.chance(s_.engine_failure_probability)) {
+        Event fail;
+        fail.at = now_ + s_.decode_ms_per_token * rng_.uniform(1, r.work.spec.max_tokens);
+        fail.kind = EventKind::kEngineFailed;
+        fail.node = node.id;
+        fail.epoch = node.epoch;
+        fail.a = e.transfer;
+        push(std::move(fail));
+      }
       for (SiblingId sibling : e.siblings) {
         node.de.running[sibling] = e.transfer;
         Event ev;
@@ -604,6 +626,11 @@ bool Cluster::excused(const ClientRequest& r) const {
       break;
   }
   if (r.injected_failure) return true;
+  // A Start that reached an instance already draining, before its heartbeat
+  // told the router.
+  if (r.reason == EndReason::kDraining)
+    for (const Drain& d : s_.drains)
+      if ((d.node == r.prefill || d.node == r.decode) && r.end_ms >= d.at_ms) return true;
   const TimeMs settle_ms = max_lease_ms() + 2 * s_.protocol.retransmit_interval_ms;
   // Faults that hurt the request up to time `until` (its end, or the KV's
   // arrival for faults that only the prefill side could cause).
@@ -785,8 +812,8 @@ void Cluster::handle(const Event& e) {
     case EventKind::kClientAbort: {
       ClientRequest& r = requests_[e.a];
       if (r.transfer == 0 || r.terminal_count > 0) break;
+      if (!r.client_aborted) count("fault.client_abort");
       r.client_aborted = true;
-      count("fault.client_abort");
       SimNode& router = nodes_.at(kRouterNode);
       router.router->cancel(r.transfer, now_, &scratch_);
       apply(router, scratch_);
@@ -867,6 +894,9 @@ void Cluster::handle(const Event& e) {
       break;
     }
     case EventKind::kCrash:
+      // Two crashes of one node may overlap (a drained instance's exit and
+      // a crash): the second finds it down; its restart finds it up again.
+      if (!node->up) break;
       count("fault.crash");
       collect_stats(*node);
       node->up = false;
@@ -885,7 +915,50 @@ void Cluster::handle(const Event& e) {
       apply(*node, scratch_);
       break;
     }
+    case EventKind::kDrain:
+      if (!node->up) break;
+      count("fault.drain");
+      node->core->begin_drain();
+      break;
+    case EventKind::kEngineFailed: {
+      if (stale()) break;
+      const DecodeTransfer* d = node->decode->find(e.a);
+      if (d == nullptr || d->ending) break;  // it ended first
+      count("fault.engine_failure");
+      requests_[request_of_.at(e.a)].injected_failure = true;
+      node->decode->on_engine_failed(e.a, now_, &scratch_);
+      apply(*node, scratch_);
+      break;
+    }
+    case EventKind::kLocalCancel: {
+      ClientRequest& r = requests_[e.a];
+      if (r.transfer == 0 || r.terminal_count > 0) break;
+      const RouterRequest* rr = nodes_.at(kRouterNode).router->find(r.transfer);
+      if (rr == nullptr || rr->state != RouterState::kDispatched) break;
+      // Either side may give up on its own: the decode when its client
+      // left, the prefill on a local error.
+      const bool at_decode = (e.a % 3) != 0;
+      SimNode& n = nodes_.at(at_decode ? rr->decode : rr->prefill);
+      if (!n.up || n.epoch != (at_decode ? rr->decode_epoch : rr->prefill_epoch)) break;
+      const TransferBase* t = at_decode ? static_cast<const TransferBase*>(n.decode->find(r.transfer))
+                                        : static_cast<const TransferBase*>(n.prefill->find(r.transfer));
+      if (t == nullptr || t->ending) break;
+      count(at_decode ? "fault.local_cancel_decode" : "fault.local_cancel_prefill");
+      r.injected_failure = true;
+      if (at_decode) {
+        // The decode sees its HTTP client (the router's leg) go first; the
+        // router, whose client it was, aborts a moment later.
+        r.client_aborted = true;
+        n.decode->cancel(r.transfer, EndReason::kClientAbort, now_, &scratch_);
+        push_at(now_ + rng_.uniform(0, 50), EventKind::kClientAbort, 0, e.a);
+      } else {
+        n.prefill->cancel(r.transfer, EndReason::kPrefillFailed, now_, &scratch_);
+      }
+      apply(n, scratch_);
+      break;
+    }
     case EventKind::kRestart: {
+      if (node->up) break;
       count("fault.restart");
       ++node->epoch;
       boot(*node);
@@ -979,29 +1052,14 @@ RunResult Cluster::run() {
     ClientRequest r;
     r.work = s_.workload[i];
     requests_.push_back(r);
-    Event arrive;
-    arrive.at = r.work.arrival_ms;
-    arrive.kind = EventKind::kArrive;
-    arrive.a = i;
-    push(arrive);
-    if (r.work.abort_at_ms != kNever) {
-      Event abort;
-      abort.at = r.work.abort_at_ms;
-      abort.kind = EventKind::kClientAbort;
-      abort.a = i;
-      push(abort);
-    }
+    push_at(r.work.arrival_ms, EventKind::kArrive, 0, i);
+    if (r.work.abort_at_ms != kNever) push_at(r.work.abort_at_ms, EventKind::kClientAbort, 0, i);
+    if (r.work.local_cancel_at_ms != kNever) push_at(r.work.local_cancel_at_ms, EventKind::kLocalCancel, 0, i);
   }
+  for (const Drain& d : s_.drains) push_at(d.at_ms, EventKind::kDrain, d.node);
   for (const Crash& c : s_.crashes) {
-    Event crash;
-    crash.at = c.at_ms;
-    crash.kind = EventKind::kCrash;
-    crash.node = c.node;
-    push(crash);
-    Event restart = crash;
-    restart.at = c.at_ms + c.restart_after_ms;
-    restart.kind = EventKind::kRestart;
-    push(restart);
+    push_at(c.at_ms, EventKind::kCrash, c.node);
+    push_at(c.at_ms + c.restart_after_ms, EventKind::kRestart, c.node);
   }
   if (record_trace_) {
     for (const Partition& p : s_.partitions)
@@ -1011,6 +1069,8 @@ RunResult Cluster::run() {
     for (const Crash& c : s_.crashes)
       result_.trace.push_back("fault: crash n" + std::to_string(c.node) + " at " + std::to_string(c.at_ms) +
                               " ms, restart after " + std::to_string(c.restart_after_ms) + " ms");
+    for (const Drain& d : s_.drains)
+      result_.trace.push_back("fault: drain n" + std::to_string(d.node) + " from " + std::to_string(d.at_ms) + " ms");
   }
   // Liveness: once faults stop, everything settles within a lease and a grace
   // period; each injected slow admission may hold credits that later requests

@@ -73,7 +73,9 @@ std::vector<std::string> required_coverage(const SimOptions& o) {
   }
   if (o.faults == FaultLevel::kAll) {
     for (const char* s : {"fault.crash", "fault.restart", "fault.rma_failure",
-                          "fault.prefill_failure", "drop.stale_epoch", "fault.rma_slow"})
+                          "fault.prefill_failure", "drop.stale_epoch", "fault.rma_slow",
+                          "fault.drain", "fault.engine_failure", "end.engine_failed",
+                          "fault.local_cancel_decode", "fault.local_cancel_prefill"})
       need.push_back(s);
     // A cut-off prefill's write posted after the decode fenced it: it must fail.
     if (write) {

@@ -126,6 +126,20 @@ Scenario make_scenario(uint64_t seed, const SimOptions& options) {
     c.restart_after_ms = rng.uniform(500, 10'000);
     s.crashes.push_back(c);
   }
+  if (rng.chance(0.3)) {
+    Drain d;
+    d.node = static_cast<pd::NodeId>(rng.uniform(2, n_nodes));
+    d.at_ms = rng.uniform(0, arrival_window_ms);
+    s.drains.push_back(d);
+    Crash exit;  // the drained process exits, and is started again
+    exit.node = d.node;
+    exit.at_ms = d.at_ms + rng.uniform(2'000, 15'000);
+    exit.restart_after_ms = rng.uniform(500, 5'000);
+    s.crashes.push_back(exit);
+  }
+  s.engine_failure_probability = 0.01 * static_cast<double>(rng.uniform(0, 3));
+  for (WorkloadRequest& w : s.workload)
+    if (rng.chance(0.03)) w.local_cancel_at_ms = w.arrival_ms + rng.uniform(0, 4'000);
   s.rma_failure_probability = 0.01 * static_cast<double>(rng.uniform(0, 3));
   s.write_post_failure_probability = 0.01 * static_cast<double>(rng.uniform(0, 3));
   s.prefill_failure_probability = 0.005 * static_cast<double>(rng.uniform(0, 2));

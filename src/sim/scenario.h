@@ -69,10 +69,21 @@ struct Crash {
   TimeMs restart_after_ms = 0;
 };
 
+// An instance shutting down: it refuses new transfers from at_ms (and says
+// so in its heartbeats), finishes its live ones, and exits exit_after_ms
+// later (a Crash in the scenario's list, with its restart).
+struct Drain {
+  pd::NodeId node = 0;
+  TimeMs at_ms = 0;
+};
+
 struct WorkloadRequest {
   TimeMs arrival_ms = 0;
   pd::RequestSpec spec;
   TimeMs abort_at_ms = pd::kNever;  // client abort, if any
+  // The instance ends the transfer on its own at this time: its client left
+  // the decode, or a local error on the prefill (the core's cancel input).
+  TimeMs local_cancel_at_ms = pd::kNever;
 };
 
 struct Scenario {
@@ -110,10 +121,14 @@ struct Scenario {
   TimeMs fence_max_ms = 200;
   double write_post_failure_probability = 0;
   double prefill_failure_probability = 0;
+  // The decode's engine fails a request after its siblings started (a
+  // forward error): the core's on_engine_failed input.
+  double engine_failure_probability = 0;
   // Faults.
   NetworkFaults network;
   std::vector<Partition> partitions;
   std::vector<Crash> crashes;
+  std::vector<Drain> drains;
   TimeMs faults_end_ms = 0;  // no fault starts or lasts past this
   TimeMs grace_ms = 120'000; // liveness: by faults_end + lease + grace all is settled
   std::vector<WorkloadRequest> workload;

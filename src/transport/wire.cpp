@@ -36,6 +36,7 @@ std::vector<uint8_t> encode_message(const pd::Message& m) {
   w.put(m.role);
   w.put(m.capacity_blocks);
   w.put(m.quarantined_blocks);
+  w.put(static_cast<uint8_t>(m.draining ? 1 : 0));
   w.put(m.mode);
   w.put(m.peer);
   w.put(m.peer_epoch);
@@ -77,6 +78,9 @@ WireError decode_message(std::span<const uint8_t> frame, const WireLimits& limit
   enums_ok &= get_enum(r, 3, &m.role);
   m.capacity_blocks = r.get<int32_t>();
   m.quarantined_blocks = r.get<int32_t>();
+  const uint8_t draining = r.get<uint8_t>();
+  enums_ok &= draining <= 1;
+  m.draining = draining == 1;
   enums_ok &= get_enum(r, 2, &m.mode);
   m.peer = r.get<uint32_t>();
   m.peer_epoch = r.get<uint32_t>();
