@@ -1,5 +1,6 @@
-// A llama-family transformer (llama, qwen2, qwen3) whose forward pass runs a
-// flat batch of rows from many sequences over a paged KV pool.
+// A transformer (llama, qwen2, qwen3) whose forward pass runs a flat batch of
+// rows from many sequences over a paged KV pool: embedding, then per layer
+// the kinds its architecture declares (architecture.h), then the LM head.
 //
 // Batch invariance: the logits of a row depend only on its sequence's tokens
 // and positions, never on the other rows of the batch, on how the sequence's
@@ -17,6 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "model/architecture.h"
+#include "model/attention_layer.h"
+#include "model/dense_ffn.h"
+#include "model/forward_pass.h"
 #include "model/op_profile.h"
 #include "kernels/kv_write.h"
 #include "kernels/matmul.h"
@@ -33,16 +38,12 @@ class File;
 }
 class ThreadPool;
 
-struct LayerWeights {
-  const float* attn_norm = nullptr;
-  kernels::WeightMatrix wq, wk, wv, wo;
-  const float* bq = nullptr;  // qwen2 biases (null when absent)
-  const float* bk = nullptr;
-  const float* bv = nullptr;
-  const float* q_norm = nullptr;  // qwen3 per-head norms
-  const float* k_norm = nullptr;
-  const float* ffn_norm = nullptr;
-  kernels::WeightMatrix w_gate, w_up, w_down;
+// One layer: its kinds (architecture.h) and the weights of each.
+struct Layer {
+  LayerPlan plan;
+  AttentionWeights attn;
+  DenseFfnWeights ffn;
+  std::vector<kernels::WeightMatrix*> matrices();
 };
 
 struct LoadOptions {
@@ -66,11 +67,11 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const gguf::File& file() const { return *file_; }
   // Bytes of weights read by one decode step (every matrix once, plus one embedding row).
-  uint64_t weight_bytes_per_step() const;
+  uint64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
   // Bytes of weights copied into the interleaved layout at load (0: plain).
   uint64_t interleaved_bytes() const { return interleaved_.size(); }
   // The main weight dtype (of the attention Q projection), for reports.
-  kernels::DType weight_dtype() const { return layers_[0].wq.type; }
+  kernels::DType weight_dtype() const { return layers_[0].attn.wq.type; }
 
   // A KV pool shape for this model.
   KvPoolShape kv_shape(int64_t n_blocks, int block_size, kernels::DType dtype) const;
@@ -87,10 +88,6 @@ class Model {
  private:
   Model() = default;
   void check_batch(const Batch& batch, const KvPool& kv) const;
-  // RMSNorm of the residual rows (ws_.x) as the input of a matmul group:
-  // quantized directly for an all-Q8_0 group, else f32 rows in ws_.xn.
-  kernels::MatmulInput norm_rows(const float* weight, std::span<const kernels::MatmulOutput> group, int64_t n,
-                                 ThreadPool& pool);
 
   std::shared_ptr<const gguf::File> file_;
   ModelConfig config_;
@@ -98,17 +95,12 @@ class Model {
   kernels::WeightMatrix output_;
   const float* output_norm_ = nullptr;
   std::vector<float> rope_freq_factors_;
-  std::vector<LayerWeights> layers_;
+  std::vector<Layer> layers_;
+  uint64_t weight_bytes_per_step_ = 0;
   AnonymousMemory interleaved_;  // the interleaved matrices, when LoadOptions::interleave_weights
   OpProfile* profile_ = nullptr;
 
-  // Scratch reused across calls (the forward is driven by one thread).
-  struct Workspace {
-    std::vector<float> x, xn, q, k, v, attn, proj, gate, up, cos, sin, logits_in;
-    std::vector<kernels::AttentionSequence> sequences;
-    std::vector<kernels::KvSlot> kv_slots;
-    std::vector<kernels::BlockQ8_0Act> xq;
-  } ws_;
+  ForwardWorkspace ws_;  // scratch reused across calls (the forward is driven by one thread)
 };
 
 }  // namespace tandem

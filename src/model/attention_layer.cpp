@@ -1,0 +1,102 @@
+#include "model/attention_layer.h"
+
+#include <cmath>
+#include <numeric>
+
+#include "gguf/gguf.h"
+#include "kernels/attention.h"
+#include "kernels/kv_write.h"
+#include "model/weights.h"
+
+namespace tandem {
+
+AttentionWeights load_attention(const gguf::File& f, const std::string& p, const ModelConfig& c) {
+  const int64_t q_dim = c.n_head * c.head_dim;
+  const int64_t kv_dim = c.n_head_kv * c.head_dim;
+  AttentionWeights w;
+  w.attn_norm = weight_vector(f, p + "attn_norm.weight", c.n_embd);
+  w.wq = weight_matrix(f, p + "attn_q.weight", c.n_embd, q_dim);
+  w.wk = weight_matrix(f, p + "attn_k.weight", c.n_embd, kv_dim);
+  w.wv = weight_matrix(f, p + "attn_v.weight", c.n_embd, kv_dim);
+  w.wo = weight_matrix(f, p + "attn_output.weight", q_dim, c.n_embd);
+  w.bq = weight_vector(f, p + "attn_q.bias", q_dim, c.qkv_bias);
+  w.bk = weight_vector(f, p + "attn_k.bias", kv_dim, c.qkv_bias);
+  w.bv = weight_vector(f, p + "attn_v.bias", kv_dim, c.qkv_bias);
+  if (c.qk_norm) {
+    w.q_norm = weight_vector(f, p + "attn_q_norm.weight", c.head_dim);
+    w.k_norm = weight_vector(f, p + "attn_k_norm.weight", c.head_dim);
+  }
+  return w;
+}
+
+void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t layer) {
+  const ModelConfig& c = pass.c;
+  ForwardWorkspace& ws = pass.ws;
+  KvPool& kv = pass.kv;
+  const int64_t n = pass.n;
+  const int64_t E = c.n_embd;
+  const int64_t q_dim = c.n_head * c.head_dim;
+  const int64_t kv_dim = c.n_head_kv * c.head_dim;
+  const int hd = static_cast<int>(c.head_dim);
+  const kernels::KvBlockShape kv_block{hd, kv.shape().block_size};
+  pass.kv_slots_of_layer(layer);
+  {
+    // QKV threads take whole heads (the epilogue ropes and writes per head),
+    // and whole panels where the shapes allow.
+    kernels::MatmulSplit qkv_split{std::lcm(c.head_dim, kernels::kPanelRows)};
+    if (q_dim % qkv_split.row_grain != 0 || kv_dim % qkv_split.row_grain != 0) qkv_split.row_grain = c.head_dim;
+    const kernels::MatmulOutput qkv[] = {{&w.wq, ws.q.data(), q_dim}, {&w.wk, ws.k.data(), kv_dim},
+                                         {&w.wv, ws.v.data(), kv_dim}};
+    const kernels::MatmulInput in = pass.norm_rows(w.attn_norm, qkv);
+    OpTimer timer(pass.prof, Op::kQkv);
+    // Per head range [b, e) of Q, K or V, every token: bias, per-head norm,
+    // RoPE; K and V then go to the pool (attention reads every position,
+    // this call's own included, from the pool in the pool's dtype).
+    struct QkvPart {
+      float* y;
+      int64_t ld;
+      const float* bias;       // qwen2, else null
+      const float* head_norm;  // qwen3 (Q and K), else null
+    };
+    const QkvPart parts[] = {{ws.q.data(), q_dim, w.bq, w.q_norm},
+                             {ws.k.data(), kv_dim, w.bk, w.k_norm},
+                             {ws.v.data(), kv_dim, w.bv, nullptr}};
+    auto epilogue = [&](size_t index, int64_t b, int64_t e) {
+      const int h0 = static_cast<int>(b / c.head_dim);
+      const int h1 = static_cast<int>(e / c.head_dim);
+      const auto [y, ld, bias, head_norm] = parts[index];
+      if (bias != nullptr)
+        for (int64_t t = 0; t < n; ++t) kernels::add_inplace(y + t * ld + b, bias + b, e - b);
+      if (head_norm != nullptr)
+        for (int64_t t = 0; t < n; ++t)
+          kernels::rms_norm(y + t * ld + b, c.head_dim, head_norm, y + t * ld + b, c.head_dim, h1 - h0, c.head_dim,
+                            c.rms_eps);
+      if (index == 0) {
+        kernels::rope_apply(y + b, q_dim, n, h1 - h0, hd, pass.rope, ws.cos.data(), ws.sin.data());
+      } else if (index == 1) {
+        kernels::rope_write_k(y, kv_dim, n, h0, h1, kv_block, pass.rope, ws.cos.data(), ws.sin.data(),
+                              ws.kv_slots.data(), kv.shape().dtype);
+      } else {
+        kernels::write_v(y, kv_dim, n, h0, h1, kv_block, ws.kv_slots.data(), kv.shape().dtype);
+      }
+    };
+    kernels::matmul(qkv, in, n, pass.pool, qkv_split, epilogue);
+    pass.account(Op::kQkv, {&w.wq, &w.wk, &w.wv}, n);
+  }
+  {
+    OpTimer timer(pass.prof, Op::kAttention);
+    const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    kernels::paged_attention(ws.q.data(), q_dim, ws.sequences, kv.layer_view(static_cast<int>(layer)),
+                             static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), hd, attn_scale,
+                             ws.attn.data(), q_dim, pass.pool);
+  }
+  {
+    OpTimer timer(pass.prof, Op::kOutProj);
+    const kernels::MatmulOutput out[] = {{&w.wo, ws.proj.data(), E}};
+    kernels::matmul(out, kernels::MatmulInput{ws.attn.data(), q_dim}, n, pass.pool, {},
+                    [&](size_t, int64_t b, int64_t e) { pass.add_residual(b, e); });
+    pass.account(Op::kOutProj, {&w.wo}, n);
+  }
+}
+
+}  // namespace tandem

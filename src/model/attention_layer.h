@@ -1,0 +1,39 @@
+// The full (softmax) attention layer kind of llama, qwen2 and qwen3: RMSNorm,
+// the Q/K/V projections (optional biases, optional per-head norms), RoPE, K
+// and V written to the paged pool, attention over the pool, the output
+// projection added to the residual.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "model/forward_pass.h"
+
+namespace tandem {
+
+namespace gguf {
+class File;
+}
+
+struct AttentionWeights {
+  const float* attn_norm = nullptr;
+  kernels::WeightMatrix wq, wk, wv, wo;
+  const float* bq = nullptr;  // qwen2 biases (null when absent)
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  const float* q_norm = nullptr;  // qwen3 per-head norms
+  const float* k_norm = nullptr;
+
+  // The matrices, for interleaving and the per-step weight bytes.
+  std::vector<kernels::WeightMatrix*> matrices() { return {&wq, &wk, &wv, &wo}; }
+};
+
+// Loads blk.<layer>.attn_* (`prefix` is "blk.<layer>.").
+AttentionWeights load_attention(const gguf::File& f, const std::string& prefix, const ModelConfig& c);
+
+// Adds the layer's attention output to pass.ws.x, writing its K and V for
+// every row into pass.kv first.
+void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t layer);
+
+}  // namespace tandem

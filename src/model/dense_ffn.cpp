@@ -1,0 +1,44 @@
+#include "model/dense_ffn.h"
+
+#include "gguf/gguf.h"
+#include "model/weights.h"
+
+namespace tandem {
+
+DenseFfnWeights load_dense_ffn(const gguf::File& f, const std::string& p, const ModelConfig& c) {
+  DenseFfnWeights w;
+  w.ffn_norm = weight_vector(f, p + "ffn_norm.weight", c.n_embd);
+  w.w_gate = weight_matrix(f, p + "ffn_gate.weight", c.n_embd, c.n_ff);
+  w.w_up = weight_matrix(f, p + "ffn_up.weight", c.n_embd, c.n_ff);
+  w.w_down = weight_matrix(f, p + "ffn_down.weight", c.n_ff, c.n_embd);
+  return w;
+}
+
+void run_dense_ffn(ForwardPass& pass, const DenseFfnWeights& w) {
+  ForwardWorkspace& ws = pass.ws;
+  const int64_t n = pass.n;
+  const int64_t E = pass.c.n_embd;
+  const int64_t F = pass.c.n_ff;
+  {
+    const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws.gate.data(), F}, {&w.w_up, ws.up.data(), F}};
+    const kernels::MatmulInput in = pass.norm_rows(w.ffn_norm, gate_up);
+    OpTimer timer(pass.prof, Op::kGateUp);
+    // SwiGLU, in the epilogue of gate/up: with the same_rows split a thread
+    // computes the same rows of both, up's range right after gate's.
+    auto swiglu = [&](size_t index, int64_t b, int64_t e) {
+      if (index != 1) return;
+      for (int64_t t = 0; t < n; ++t) kernels::silu_mul(ws.gate.data() + t * F + b, ws.up.data() + t * F + b, e - b);
+    };
+    kernels::matmul(gate_up, in, n, pass.pool, kernels::MatmulSplit{.same_rows = true}, swiglu);
+    pass.account(Op::kGateUp, {&w.w_gate, &w.w_up}, n);
+  }
+  {
+    OpTimer timer(pass.prof, Op::kDown);
+    const kernels::MatmulOutput down[] = {{&w.w_down, ws.proj.data(), E}};
+    kernels::matmul(down, kernels::MatmulInput{ws.gate.data(), F}, n, pass.pool, {},
+                    [&](size_t, int64_t b, int64_t e) { pass.add_residual(b, e); });
+    pass.account(Op::kDown, {&w.w_down}, n);
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,49 @@
+#include "model/forward_pass.h"
+
+#include "util/thread_pool.h"
+
+namespace tandem {
+
+kernels::MatmulInput ForwardPass::norm_rows(const float* weight, std::span<const kernels::MatmulOutput> group) {
+  OpTimer timer(prof, Op::kNorm);
+  const int64_t E = c.n_embd;
+  const float eps = c.rms_eps;
+  // Rows across threads for a prompt; a few decode rows are one chunk, run inline.
+  constexpr int64_t kRowGrain = 16;
+  if (kernels::all_q8_0(group) && E % 32 == 0) {
+    // Fused: the normalised rows go straight into Q8_0 activation blocks.
+    const int64_t ldq = E / 32;
+    ws.xq.resize(static_cast<size_t>(n * ldq));
+    pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+      kernels::rms_norm_q8_0(ws.x.data() + b * E, E, weight, ws.xq.data() + b * ldq, ldq, e - b, E, eps);
+    });
+    return kernels::MatmulInput{nullptr, 0, ws.xq.data(), ldq};
+  }
+  pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    kernels::rms_norm(ws.x.data() + b * E, E, weight, ws.xn.data() + b * E, E, e - b, E, eps);
+  });
+  return kernels::MatmulInput{ws.xn.data(), E, nullptr, 0};
+}
+
+void ForwardPass::account(Op op, std::initializer_list<const kernels::WeightMatrix*> matrices, int64_t tokens) const {
+  if (prof == nullptr) return;
+  for (const kernels::WeightMatrix* w : matrices) {
+    prof->flops[static_cast<int>(op)] += 2.0 * static_cast<double>(w->rows * w->cols * tokens);
+    prof->weight_bytes[static_cast<int>(op)] += static_cast<double>(w->row_bytes) * static_cast<double>(w->rows);
+  }
+}
+
+void ForwardPass::add_residual(int64_t b, int64_t e) {
+  const int64_t E = c.n_embd;
+  for (int64_t t = 0; t < n; ++t) kernels::add_inplace(ws.x.data() + t * E + b, ws.proj.data() + t * E + b, e - b);
+}
+
+void ForwardPass::kv_slots_of_layer(int64_t layer) {
+  for (int64_t t = 0; t < n; ++t) {
+    const auto [block, slot] = ws.slot_of_row[static_cast<size_t>(t)];
+    ws.kv_slots[static_cast<size_t>(t)] = {kv.k_part(block, static_cast<int>(layer)),
+                                           kv.v_part(block, static_cast<int>(layer)), slot};
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,55 @@
+// What every layer kind of one forward pass shares: the batch's rows and
+// their residual stream, the scratch buffers, the thread pool, the KV pool
+// with each row's slot in it, the RoPE tables, and the profile. A layer kind
+// (attention_layer.h, dense_ffn.h) reads and adds to the residual `ws.x`.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/kv_write.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "kv/kv_pool.h"
+#include "model/model_config.h"
+#include "model/op_profile.h"
+
+namespace tandem {
+
+class ThreadPool;
+
+// Scratch reused across calls (the forward is driven by one thread).
+struct ForwardWorkspace {
+  std::vector<float> x, xn, q, k, v, attn, proj, gate, up, cos, sin, logits_in;
+  std::vector<kernels::AttentionSequence> sequences;
+  std::vector<kernels::KvSlot> kv_slots;
+  std::vector<kernels::BlockQ8_0Act> xq;
+  std::vector<std::pair<int32_t, int32_t>> slot_of_row;  // (block, offset) of each row's position
+};
+
+struct ForwardPass {
+  const ModelConfig& c;
+  int64_t n = 0;  // rows
+  ThreadPool& pool;
+  KvPool& kv;
+  ForwardWorkspace& ws;
+  OpProfile* prof = nullptr;
+  kernels::RopeParams rope;
+
+  // RMSNorm of the residual rows as the input of a matmul group: quantized
+  // directly for an all-Q8_0 group, else f32 rows in ws.xn.
+  kernels::MatmulInput norm_rows(const float* weight, std::span<const kernels::MatmulOutput> group);
+  // Counts a matmul group's work for the profile's GFLOP/s and GB/s columns.
+  void account(Op op, std::initializer_list<const kernels::WeightMatrix*> matrices, int64_t tokens) const;
+  // The residual add, in the epilogue of a projection back to the model
+  // width: rows [b, e) of ws.proj into ws.x, every token.
+  void add_residual(int64_t b, int64_t e);
+  // Each row's K and V slots in layer `layer` of the pool.
+  void kv_slots_of_layer(int64_t layer);
+};
+
+}  // namespace tandem

@@ -1,0 +1,69 @@
+#include "model/weights.h"
+
+#include <initializer_list>
+
+#include "gguf/gguf.h"
+#include "util/error.h"
+
+namespace tandem {
+
+namespace {
+
+using kernels::DType;
+using kernels::WeightMatrix;
+
+DType compute_dtype(const gguf::File& f, const gguf::TensorInfo& t) {
+  switch (t.type) {
+    case gguf::TensorType::F32: return DType::kF32;
+    case gguf::TensorType::F16: return DType::kF16;
+    case gguf::TensorType::BF16: return DType::kBF16;
+    case gguf::TensorType::Q8_0: return DType::kQ8_0;
+    default: break;
+  }
+  throw Error(f.path() + ": tensor '" + t.name + "' has type " + gguf::type_name(t.type) +
+              ", which tandem cannot compute with (supported: f32, f16, bf16, q8_0); re-quantize the model "
+              "to one of those");
+}
+
+std::string shape_text(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  for (int64_t d : dims) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+}  // namespace
+
+WeightMatrix weight_matrix(const gguf::File& f, const std::string& name, int64_t cols, int64_t rows) {
+  const gguf::TensorInfo& t = f.tensor(name);
+  if (t.dims.size() != 2 || static_cast<int64_t>(t.dims[0]) != cols || static_cast<int64_t>(t.dims[1]) != rows)
+    throw Error(f.path() + ": tensor '" + name + "' has shape " + t.shape_string() + ", expected " +
+                shape_text({cols, rows}));
+  WeightMatrix w;
+  w.type = compute_dtype(f, t);
+  if (w.type == DType::kQ8_0 && cols % 32 != 0)
+    throw Error(f.path() + ": q8_0 tensor '" + name + "' has rows not made of whole blocks");
+  w.data = t.data;
+  w.rows = rows;
+  w.cols = cols;
+  w.row_bytes = kernels::dtype_row_bytes(w.type, cols);
+  TANDEM_ASSERT(w.row_bytes * static_cast<size_t>(rows) == t.n_bytes);
+  return w;
+}
+
+const float* weight_vector(const gguf::File& f, const std::string& name, int64_t n, bool required) {
+  const gguf::TensorInfo* t = f.find_tensor(name);
+  if (t == nullptr) {
+    if (required) f.tensor(name);  // throws the standard "missing tensor" error
+    return nullptr;
+  }
+  if (t->type != gguf::TensorType::F32)
+    throw Error(f.path() + ": tensor '" + name + "' must be f32 (it is " + gguf::type_name(t->type) + ")");
+  if (t->n_elements() != static_cast<uint64_t>(n))
+    throw Error(f.path() + ": tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
+                std::to_string(n) + "]");
+  // GGUF data is aligned (32 bytes by default), so an f32 view is aligned.
+  TANDEM_ASSERT(reinterpret_cast<uintptr_t>(t->data) % alignof(float) == 0);
+  return reinterpret_cast<const float*>(t->data);
+}
+
+}  // namespace tandem

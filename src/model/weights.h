@@ -1,0 +1,21 @@
+// Typed views of a GGUF file's tensors, checked against the shapes the model
+// expects, for the layer kinds' loaders.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/matmul.h"
+
+namespace tandem {
+
+namespace gguf {
+class File;
+}
+
+// A [rows x cols] matrix (GGUF dims {cols, rows}) of a type the kernels compute with.
+kernels::WeightMatrix weight_matrix(const gguf::File& f, const std::string& name, int64_t cols, int64_t rows);
+// An f32 vector of n elements; null when absent and not required.
+const float* weight_vector(const gguf::File& f, const std::string& name, int64_t n, bool required = true);
+
+}  // namespace tandem
