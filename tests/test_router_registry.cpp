@@ -90,6 +90,12 @@ TEST(RouterRegistry, PicksReserveCreditsAndAFullClusterMakesRequestsWait) {
   Pick never = r.pick(pd::Role::kDecode, 500);
   ASSERT_TRUE(never.instance) << "no instance could ever hold it: the instance answers why";
   r.done(*never.instance, 500);
+  EXPECT_EQ(r.list()[0].requests, 2);
+  Pick back = r.pick(pd::Role::kDecode, 10);
+  ASSERT_TRUE(back.instance);
+  r.unpick(*back.instance, 10);  // its pair could not be completed
+  EXPECT_EQ(r.list()[0].requests, 2);
+  EXPECT_EQ(r.list()[0].reserved_blocks, 60);
   // A waiter wakes when credits come back, and then fits.
   std::thread ender([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

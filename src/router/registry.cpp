@@ -153,6 +153,12 @@ void Registry::done(const InstanceInfo& picked, int64_t blocks) {
   credits_changed();
 }
 
+void Registry::unpick(const InstanceInfo& picked, int64_t blocks) {
+  done(picked, blocks);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (InstanceInfo* i = entry_of(picked); i != nullptr && i->requests > 0) --i->requests;
+}
+
 void Registry::credits_changed() {
   ++credits_version_;
   credits_cv_.notify_all();

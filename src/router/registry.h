@@ -113,6 +113,9 @@ class Registry {
   void adjust(const InstanceInfo& picked, int64_t delta_blocks);
   // The request is over on the picked instance: no longer in flight, `blocks` released.
   void done(const InstanceInfo& picked, int64_t blocks);
+  // A pick given back unused (its pair could not be completed): as if it
+  // had never been made.
+  void unpick(const InstanceInfo& picked, int64_t blocks);
   // Waits until credits may have been freed (a release, a heartbeat, a new
   // instance) or deadline_ms passes; false at the deadline.
   bool wait_for_credits(int64_t deadline_ms);

@@ -420,7 +420,7 @@ std::optional<RouterServer::Pair> RouterServer::pick_pair(const RequestShape& sh
           pair.decode = *d.instance;
           return pair;
         }
-        registry_.done(*p.instance, pair.prefill_credits);  // both legs or neither
+        registry_.unpick(*p.instance, pair.prefill_credits);  // both legs or neither
         if (!d.must_wait && !cut.empty()) {
           skip_prefill.push_back(p.instance->node);
           skipped_cut = true;
