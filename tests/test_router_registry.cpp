@@ -91,22 +91,32 @@ TEST(RouterRegistry, PicksReserveCreditsAndAFullClusterMakesRequestsWait) {
   ASSERT_TRUE(never.instance) << "no instance could ever hold it: the instance answers why";
   r.done(*never.instance, 500);
   EXPECT_EQ(r.list()[0].requests, 2);
-  Pick back = r.pick(pd::Role::kDecode, 10);
-  ASSERT_TRUE(back.instance);
-  r.unpick(*back.instance, 10);  // its pair could not be completed
-  EXPECT_EQ(r.list()[0].requests, 2);
   EXPECT_EQ(r.list()[0].reserved_blocks, 60);
   // A waiter wakes when credits come back, and then fits.
+  Pick waiting = r.pick(pd::Role::kDecode, 60);
+  ASSERT_TRUE(waiting.must_wait);
   std::thread ender([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     r.done(*a.instance, 60);
   });
-  EXPECT_TRUE(r.wait_for_credits(monotonic_ms() + 10'000));
+  EXPECT_TRUE(r.wait_for_credits(waiting.credits_version, monotonic_ms() + 10'000));
   ender.join();
-  EXPECT_TRUE(r.pick(pd::Role::kDecode, 60).instance);
-  // The wait is bounded.
+  Pick again = r.pick(pd::Role::kDecode, 60);
+  EXPECT_TRUE(again.instance);
+  // A release between a pick and its wait is not missed: the wait returns at once.
+  Pick full = r.pick(pd::Role::kDecode, 60);
+  ASSERT_TRUE(full.must_wait);
+  r.done(*again.instance, 60);
   int64_t before = monotonic_ms();
-  EXPECT_FALSE(r.wait_for_credits(before + 100));
+  EXPECT_TRUE(r.wait_for_credits(full.credits_version, before + 10'000));
+  EXPECT_LT(monotonic_ms() - before, 1'000);
+  // The wait is bounded.
+  Pick hold = r.pick(pd::Role::kDecode, 60);
+  ASSERT_TRUE(hold.instance);
+  Pick none = r.pick(pd::Role::kDecode, 100);
+  ASSERT_TRUE(none.must_wait);
+  before = monotonic_ms();
+  EXPECT_FALSE(r.wait_for_credits(none.credits_version, before + 100));
   EXPECT_GE(monotonic_ms() - before, 90);
 }
 
@@ -170,6 +180,19 @@ TEST(RouterRegistry, InstancesFencingEachOtherAreNotPaired) {
   Pick d = r.pick(pd::Role::kDecode, 1, r.cut_from(prefill));
   ASSERT_TRUE(d.instance);
   EXPECT_EQ(d.instance->node, 4u);
+  r.done(*d.instance, 1);
+  // Both legs at once: the pair is never the cut one, and nothing is left
+  // reserved when no pair exists.
+  PairPick pair = r.pick_pair(1, 1, {}, {});
+  ASSERT_TRUE(pair.ok());
+  EXPECT_EQ(pair.decode->node, 4u);
+  r.done(*pair.prefill, 1);
+  r.done(*pair.decode, 1);
+  PairPick none = r.pick_pair(1, 1, {}, {4});
+  EXPECT_FALSE(none.ok());
+  EXPECT_TRUE(none.skipped_cut);
+  EXPECT_EQ(none.missing, pd::Role::kPrefill);
+  for (const InstanceInfo& i : r.list()) EXPECT_EQ(i.reserved_blocks, 0) << i.node;
 }
 
 TEST(RouterRequestShape, EstimatesBoundThePromptAndCountEverySiblingsCopiedBlock) {

@@ -410,7 +410,13 @@ void TransferAgent::on_event(TransportEvent& e) {
         const pd::TransferBase* t = prefill_ ? static_cast<const pd::TransferBase*>(prefill_->find(m.transfer))
                                              : static_cast<const pd::TransferBase*>(decode_->find(m.transfer));
         if (t != nullptr && !t->addresses_known) address_connection_[m.transfer] = {e.connection, now};
-        if (t == nullptr) address_connection_.try_emplace(m.transfer, AddressBinding{e.connection, now});
+        if (t == nullptr) {
+          // The core replays the oldest copy it still keeps (each for one
+          // retransmit interval): bind that one's connection.
+          auto [b, fresh] = address_connection_.try_emplace(m.transfer, AddressBinding{e.connection, now});
+          if (!fresh && now - b->second.bound_ms >= core().config().retransmit_interval_ms)
+            b->second = {e.connection, now};
+        }
       }
       return run([&](pd::Outputs* out) { core().on_message(m, now, out); });
     }

@@ -304,7 +304,10 @@ void NodeCore::on_message(const Message& message, TimeMs now_ms, Outputs* out) {
 
 void NodeCore::expire_early(TimeMs now_ms) {
   // Older than one retransmit interval: the sender has resent it by now.
-  while (!early_.empty() && early_.front().first + config_.retransmit_interval_ms <= now_ms) early_.pop_front();
+  while (!early_.empty() && early_.front().first + config_.retransmit_interval_ms <= now_ms) {
+    early_.pop_front();
+    drop(DropReason::kUnknown);  // its Start never came in time
+  }
 }
 
 bool NodeCore::park_early(const Message& m, TimeMs now_ms) {

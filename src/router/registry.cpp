@@ -87,8 +87,8 @@ int Registry::evict_silent(int64_t now_ms) {
   return n;
 }
 
-Pick Registry::pick(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>& avoid) {
-  std::lock_guard<std::mutex> lock(mu_);
+InstanceInfo* Registry::choose_locked(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>& avoid,
+                                      bool* must_wait) {
   InstanceInfo* best = nullptr;      // among those with the credits free now
   InstanceInfo* fallback = nullptr;  // among all: when none could ever hold it
   bool could_fit = false;
@@ -99,22 +99,70 @@ Pick Registry::pick(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>
     if (info.capacity_blocks >= blocks) could_fit = true;
     if (info.free_credits() >= blocks && (best == nullptr || load(info) < load(*best))) best = &info;
   }
+  *must_wait = best == nullptr && could_fit;
+  return best != nullptr ? best : (*must_wait ? nullptr : fallback);
+}
+
+void Registry::reserve_locked(InstanceInfo& i, int64_t blocks) {
+  ++i.in_flight;
+  ++i.requests;
+  i.reserved_blocks += blocks;
+}
+
+Pick Registry::pick(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>& avoid) {
+  std::lock_guard<std::mutex> lock(mu_);
   Pick p;
-  if (best == nullptr && could_fit) {
-    p.must_wait = true;
-    return p;
-  }
-  if (best == nullptr) best = fallback;
+  p.credits_version = credits_version_;
+  InstanceInfo* best = choose_locked(role, blocks, avoid, &p.must_wait);
   if (best == nullptr) return p;
-  ++best->in_flight;
-  ++best->requests;
-  best->reserved_blocks += blocks;
+  reserve_locked(*best, blocks);
   p.instance = *best;
   return p;
 }
 
+PairPick Registry::pick_pair(int64_t prefill_blocks, int64_t decode_blocks, const std::vector<pd::NodeId>& avoid_prefill,
+                             const std::vector<pd::NodeId>& avoid_decode) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PairPick r;
+  r.credits_version = credits_version_;
+  std::vector<pd::NodeId> skip = avoid_prefill;
+  for (;;) {
+    bool prefill_waits = false, decode_waits = false;
+    InstanceInfo* p = choose_locked(pd::Role::kPrefill, prefill_blocks, skip, &prefill_waits);
+    if (p == nullptr) {
+      r.missing = pd::Role::kPrefill;
+      r.must_wait = prefill_waits;
+      return r;
+    }
+    std::vector<pd::NodeId> avoid = avoid_decode;
+    const std::vector<pd::NodeId> cut = cut_from_locked(*p);
+    avoid.insert(avoid.end(), cut.begin(), cut.end());
+    InstanceInfo* d = choose_locked(pd::Role::kDecode, decode_blocks, avoid, &decode_waits);
+    if (d != nullptr) {
+      reserve_locked(*p, prefill_blocks);
+      reserve_locked(*d, decode_blocks);
+      r.prefill = *p;
+      r.decode = *d;
+      return r;
+    }
+    if (!decode_waits && !cut.empty()) {
+      // Every decode is cut off from this prefill: try another.
+      skip.push_back(p->node);
+      r.skipped_cut = true;
+      continue;
+    }
+    r.missing = pd::Role::kDecode;
+    r.must_wait = decode_waits;
+    return r;
+  }
+}
+
 std::vector<pd::NodeId> Registry::cut_from(const InstanceInfo& picked) const {
   std::lock_guard<std::mutex> lock(mu_);
+  return cut_from_locked(picked);
+}
+
+std::vector<pd::NodeId> Registry::cut_from_locked(const InstanceInfo& picked) const {
   auto fences = [](const InstanceInfo& a, const InstanceInfo& b) {
     return std::find(a.fencing.begin(), a.fencing.end(), std::pair{b.node, b.epoch}) != a.fencing.end();
   };
@@ -153,20 +201,13 @@ void Registry::done(const InstanceInfo& picked, int64_t blocks) {
   credits_changed();
 }
 
-void Registry::unpick(const InstanceInfo& picked, int64_t blocks) {
-  done(picked, blocks);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (InstanceInfo* i = entry_of(picked); i != nullptr && i->requests > 0) --i->requests;
-}
-
 void Registry::credits_changed() {
   ++credits_version_;
   credits_cv_.notify_all();
 }
 
-bool Registry::wait_for_credits(int64_t deadline_ms) {
+bool Registry::wait_for_credits(uint64_t seen, int64_t deadline_ms) {
   std::unique_lock<std::mutex> lock(mu_);
-  const uint64_t seen = credits_version_;
   ++waiting_for_credits_;
   const int64_t left_ms = std::max<int64_t>(0, deadline_ms - monotonic_ms());
   bool changed = credits_cv_.wait_for(lock, std::chrono::milliseconds(left_ms), [&] { return credits_version_ != seen; });

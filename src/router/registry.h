@@ -78,8 +78,19 @@ struct InstanceLoad {
 struct Pick {
   std::optional<InstanceInfo> instance;  // picked, with `blocks` reserved on it
   // Nothing picked: an instance could hold the request, but none has the
-  // credits free now (wait_for_credits, then pick again).
+  // credits free now (wait_for_credits from credits_version, then pick again).
   bool must_wait = false;
+  uint64_t credits_version = 0;  // what the pick saw
+};
+
+// A prefill and a decode picked together (both reserved, or neither).
+struct PairPick {
+  std::optional<InstanceInfo> prefill, decode;
+  pd::Role missing = pd::Role::kRouter;  // the role that had no instance (when nothing was picked)
+  bool must_wait = false;                // ... but has one that could hold the request later
+  bool skipped_cut = false;              // prefills were passed over: every decode is cut off from them
+  uint64_t credits_version = 0;
+  bool ok() const { return prefill.has_value() && decode.has_value(); }
 };
 
 class Registry {
@@ -104,6 +115,12 @@ class Registry {
   // hold `blocks`, the least loaded is picked all the same: the instance
   // refuses the request with its own reason, which the client gets.
   Pick pick(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>& avoid = {});
+  // The same for a request's two legs at once, under one lock (nothing is
+  // reserved for a moment and given back): the prefill first, then a decode
+  // not cut off from it (cut_from), trying other prefills while every decode
+  // is cut off from the one picked.
+  PairPick pick_pair(int64_t prefill_blocks, int64_t decode_blocks, const std::vector<pd::NodeId>& avoid_prefill,
+                     const std::vector<pd::NodeId>& avoid_decode);
   // The instances `picked` must not be paired with: those it is fencing, and
   // those fencing it, in their current incarnations.
   std::vector<pd::NodeId> cut_from(const InstanceInfo& picked) const;
@@ -113,12 +130,10 @@ class Registry {
   void adjust(const InstanceInfo& picked, int64_t delta_blocks);
   // The request is over on the picked instance: no longer in flight, `blocks` released.
   void done(const InstanceInfo& picked, int64_t blocks);
-  // A pick given back unused (its pair could not be completed): as if it
-  // had never been made.
-  void unpick(const InstanceInfo& picked, int64_t blocks);
-  // Waits until credits may have been freed (a release, a heartbeat, a new
-  // instance) or deadline_ms passes; false at the deadline.
-  bool wait_for_credits(int64_t deadline_ms);
+  // Waits until credits may have been freed since a pick saw `seen` (a
+  // release, a heartbeat, a new instance; at once if that happened already)
+  // or deadline_ms passes; false at the deadline.
+  bool wait_for_credits(uint64_t seen, int64_t deadline_ms);
   int64_t waiting_for_credits() const;
   // The cluster's block size and the longest context of its instances
   // (nullopt while none is registered).
@@ -146,7 +161,11 @@ class Registry {
   void credits_changed();  // under mu_
   uint64_t version_ = 1;
   uint64_t next_registration_ = 1;
-  InstanceInfo* entry_of(const InstanceInfo& picked);  // under mu_; null when gone
+  // Under mu_:
+  InstanceInfo* entry_of(const InstanceInfo& picked);  // null when gone
+  InstanceInfo* choose_locked(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>& avoid, bool* must_wait);
+  void reserve_locked(InstanceInfo& i, int64_t blocks);
+  std::vector<pd::NodeId> cut_from_locked(const InstanceInfo& picked) const;
 };
 
 }  // namespace tandem::router

@@ -56,8 +56,11 @@ int64_t prefill_credits(const RequestShape& s, int64_t block_size, int64_t max_m
 
 int64_t decode_credits(const RequestShape& s, int64_t block_size, int64_t max_model_len) {
   const int64_t prompt = std::min(s.prompt_tokens, max_model_len);
-  const int64_t max_tokens = s.max_tokens > 0 ? s.max_tokens : std::max<int64_t>(1, max_model_len - prompt);
-  return worst_case_request_blocks(prompt, s.n_sequences, max_tokens, block_size);
+  if (s.max_tokens > 0) return worst_case_request_blocks(prompt, s.n_sequences, s.max_tokens, block_size);
+  // No max_tokens: each sequence may run to the end of the context, whatever
+  // the prompt turns out to be (its estimate bounds it from above, so the
+  // rest of the context is no bound on the output).
+  return worst_case_request_blocks(1, s.n_sequences, std::max<int64_t>(1, max_model_len - 1), block_size);
 }
 
 }  // namespace tandem::router

@@ -379,69 +379,73 @@ void RouterServer::install_routes() {
 }
 
 // Credits of one attempt, returned as it goes: the prefill's once the decode's
-// first output shows its KV has moved, the rest when the attempt ends.
-struct AttemptCredits {
-  std::atomic<int64_t> prefill{0};
-  std::atomic<int64_t> decode{0};
-};
-
-// Sets `held` to `exact` unless it was already returned (0); the registry's
-// reservation on `node` follows the difference.
-void correct_credits(Registry& registry, const InstanceInfo& picked, std::atomic<int64_t>& held, int64_t exact) {
-  int64_t current = held.load();
-  while (current != 0 && !held.compare_exchange_weak(current, exact)) {
+// first output shows its KV has moved, the rest when the attempt ends, each
+// amount corrected to the request's exact size once the prefill tells it.
+// One lock orders the three, so no amount is returned twice or corrected
+// after it was returned.
+class AttemptCredits {
+ public:
+  AttemptCredits(Registry& registry, InstanceInfo prefill, InstanceInfo decode, int64_t prefill_blocks,
+                 int64_t decode_blocks)
+      : registry_(registry), prefill_(std::move(prefill)), decode_(std::move(decode)),
+        prefill_blocks_(prefill_blocks), decode_blocks_(decode_blocks) {}
+  void correct(int64_t prefill_blocks, int64_t decode_blocks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (prefill_blocks_ != 0) registry_.adjust(prefill_, prefill_blocks - std::exchange(prefill_blocks_, prefill_blocks));
+    if (decode_blocks_ != 0) registry_.adjust(decode_, decode_blocks - std::exchange(decode_blocks_, decode_blocks));
   }
-  if (current != 0 && current != exact) registry.adjust(picked, exact - current);
-}
+  void kv_moved() {
+    std::lock_guard<std::mutex> lock(mu_);
+    registry_.adjust(prefill_, -std::exchange(prefill_blocks_, 0));
+  }
+  void done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    registry_.done(prefill_, std::exchange(prefill_blocks_, 0));
+    registry_.done(decode_, std::exchange(decode_blocks_, 0));
+  }
+
+ private:
+  std::mutex mu_;
+  Registry& registry_;
+  const InstanceInfo prefill_, decode_;
+  int64_t prefill_blocks_, decode_blocks_;
+};
 
 std::optional<RouterServer::Pair> RouterServer::pick_pair(const RequestShape& shape, const std::vector<pd::NodeId>& avoid_prefill,
                                                           const std::vector<pd::NodeId>& avoid_decode, int64_t deadline_ms,
                                                           ApiError* refusal) {
   bool counted = false;
-  // Prefills passed over because every decode is cut off from them (one of
-  // the two is fencing the other).
-  std::vector<pd::NodeId> skip_prefill = avoid_prefill;
-  bool skipped_cut = false;
   for (;;) {
     auto limits = registry_.limits();
+    PairPick picked;
     Pair pair;
-    Pick p, d;
     if (limits) {
       pair.prefill_credits = prefill_credits(shape, limits->block_size, limits->max_model_len);
       pair.decode_credits = decode_credits(shape, limits->block_size, limits->max_model_len);
-      p = registry_.pick(pd::Role::kPrefill, pair.prefill_credits, skip_prefill);
-      if (p.instance) {
-        std::vector<pd::NodeId> avoid = avoid_decode;
-        const std::vector<pd::NodeId> cut = registry_.cut_from(*p.instance);
-        avoid.insert(avoid.end(), cut.begin(), cut.end());
-        d = registry_.pick(pd::Role::kDecode, pair.decode_credits, avoid);
-        if (d.instance) {
-          pair.prefill = *p.instance;
-          pair.decode = *d.instance;
-          return pair;
-        }
-        registry_.unpick(*p.instance, pair.prefill_credits);  // both legs or neither
-        if (!d.must_wait && !cut.empty()) {
-          skip_prefill.push_back(p.instance->node);
-          skipped_cut = true;
-          continue;
-        }
+      picked = registry_.pick_pair(pair.prefill_credits, pair.decode_credits, avoid_prefill, avoid_decode);
+      if (picked.ok()) {
+        pair.prefill = *picked.prefill;
+        pair.decode = *picked.decode;
+        return pair;
       }
+    } else {
+      picked.missing = registry_.count(pd::Role::kPrefill) == 0 ? pd::Role::kPrefill : pd::Role::kDecode;
     }
-    const char* role = !p.instance ? "prefill" : "decode";
-    if (!(p.instance ? d.must_wait : p.must_wait)) {
+    const char* role = picked.missing == pd::Role::kPrefill ? "prefill" : "decode";
+    if (!picked.must_wait) {
       ++counters_.rejected_no_instance;
       *refusal = no_instance(role);
-      if (skipped_cut)
+      if (picked.skipped_cut)
         refusal->message = "no prefill and decode instance can reach each other: each pair is cut off (one of the "
                            "two is fencing the other after a failure; /debug/instances lists who fences whom)";
       return std::nullopt;
     }
     // Every instance that could hold the request has its credits taken:
-    // wait (bounded, and counted in /metrics) for some to be returned.
+    // wait (bounded, and counted in /metrics) for some to be returned, and
+    // pick once more even when the wait ends at the deadline.
     if (!counted) ++counters_.credit_waits;
     counted = true;
-    if (monotonic_ms() >= deadline_ms || (!registry_.wait_for_credits(deadline_ms) && monotonic_ms() >= deadline_ms)) {
+    if (monotonic_ms() >= deadline_ms) {
       ++counters_.rejected_no_credits;
       *refusal = server::engine_unavailable(
           std::string("every ") + role + " instance's KV cache is reserved by requests in flight (waited " +
@@ -449,6 +453,7 @@ std::optional<RouterServer::Pair> RouterServer::pick_pair(const RequestShape& sh
           " instances");
       return std::nullopt;
     }
+    registry_.wait_for_credits(picked.credits_version, deadline_ms);
   }
 }
 
@@ -485,13 +490,11 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
       std::lock_guard<std::mutex> lock(mu_);
       transfers_[transfer] = {transfer, prefill.node, decode.node, monotonic_ms(), "prefill"};
     }
-    auto credits = std::make_shared<AttemptCredits>();
-    credits->prefill = pair->prefill_credits;
-    credits->decode = pair->decode_credits;
+    auto credits =
+        std::make_shared<AttemptCredits>(registry_, prefill, decode, pair->prefill_credits, pair->decode_credits);
     // Every attempt ends through `finish`, exactly once.
-    auto finish = [this, transfer, p = prefill, d = decode, credits](int outcome) {
-      registry_.done(p, credits->prefill.exchange(0));
-      registry_.done(d, credits->decode.exchange(0));
+    auto finish = [this, transfer, credits](int outcome) {
+      credits->done();
       --in_flight_;
       ++(outcome == kEndCompleted ? counters_.completed : outcome == kEndRetried ? counters_.retries : counters_.failed);
       std::lock_guard<std::mutex> lock(mu_);
@@ -514,9 +517,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
       // The thread uses the Upstream through a plain pointer: its owner joins
       // it before the Upstream goes (so the thread never holds the last reference).
       up->reader = std::thread([this, up = up.get(), d = decode, path, text = leg_body(body, kp, prefill).dump(),
-                                kv_moved = [this, p = prefill, credits] {
-                                  registry_.adjust(p, -credits->prefill.exchange(0));
-                                }] {
+                                kv_moved = [credits] { credits->kv_moved(); }] {
         httplib::Client cli(d.api_host, d.api_port);
         cli.set_tcp_nodelay(true);
         cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
@@ -619,8 +620,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
         exact.max_tokens = accepted.value("max_tokens", shape.max_tokens);
         const int64_t len = std::max<int64_t>(exact.prompt_tokens + exact.max_tokens, 1);
         const int64_t bs = prefill.fingerprint.block_size;
-        correct_credits(registry_, prefill, credits->prefill, prefill_credits(exact, bs, len));
-        correct_credits(registry_, decode, credits->decode, decode_credits(exact, bs, len));
+        credits->correct(prefill_credits(exact, bs, len), decode_credits(exact, bs, len));
       }
     }
     {

@@ -136,6 +136,7 @@ Scenario make_scenario(uint64_t seed, const SimOptions& options) {
     exit.at_ms = d.at_ms + rng.uniform(2'000, 15'000);
     exit.restart_after_ms = rng.uniform(500, 5'000);
     s.crashes.push_back(exit);
+    s.faults_end_ms = std::max(s.faults_end_ms, exit.at_ms + exit.restart_after_ms);
   }
   s.engine_failure_probability = 0.01 * static_cast<double>(rng.uniform(0, 3));
   for (WorkloadRequest& w : s.workload)
