@@ -19,6 +19,7 @@
 
 #include "pd/decode_side.h"
 #include "pd/prefill_side.h"
+#include "pd_fixtures.h"
 #include "transport/ucx_transport.h"
 #include "transport/wire.h"
 #include "util/clock.h"
@@ -31,7 +32,8 @@ using pd::EffectKind;
 using pd::Message;
 using pd::MessageKind;
 
-constexpr pd::NodeId kRouter = 1, kPrefill = 2, kDecode = 3;
+constexpr pd::NodeId kRouter = tandem::testing::kRouterNode, kPrefill = tandem::testing::kPrefillNode,
+                     kDecode = tandem::testing::kDecodeNode;
 constexpr pd::TransferId kTransfer = (pd::TransferId{1} << pd::kTransferEpochShift) | 7;
 constexpr int kBlocks = 32;
 constexpr uint64_t kBlockBytes = 4096;
@@ -143,20 +145,7 @@ bool run_until(Instance& a, Instance& b, const std::function<bool()>& done, int 
 }
 
 Message start(MessageKind kind) {
-  Message m;
-  m.kind = kind;
-  m.from = kRouter;
-  m.from_epoch = 1;
-  m.to = kind == MessageKind::kStartPrefill ? kPrefill : kDecode;
-  m.to_epoch = 1;
-  m.transfer = kTransfer;
-  m.mode = pd::TransferMode::kWrite;
-  m.peer = kind == MessageKind::kStartPrefill ? kDecode : kPrefill;
-  m.peer_epoch = 1;
-  m.prompt_tokens = kPrompt;
-  m.max_tokens = 16;
-  m.budget_ms = 600'000;
-  return m;
+  return tandem::testing::start_message(kind, kTransfer, pd::TransferMode::kWrite, kPrompt, 1, 600'000);
 }
 
 bool has_effect(const Instance& in, EffectKind kind) {

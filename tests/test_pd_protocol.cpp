@@ -8,11 +8,13 @@
 #include "pd/decode_side.h"
 #include "pd/prefill_side.h"
 #include "pd/router_core.h"
+#include "pd_fixtures.h"
 
 namespace tandem::pd {
 namespace {
 
-constexpr NodeId kRouter = 1, kPrefill = 2, kDecode = 3;
+constexpr NodeId kRouter = tandem::testing::kRouterNode, kPrefill = tandem::testing::kPrefillNode,
+                 kDecode = tandem::testing::kDecodeNode;
 constexpr TransferId kTransfer = 7;
 
 int count_messages(const Outputs& out, MessageKind kind) {
@@ -31,21 +33,7 @@ const Effect* find_effect(const Outputs& out, EffectKind kind) {
 }
 
 Message start(MessageKind kind, TransferMode mode, int32_t prompt_tokens, int32_t n) {
-  Message m;
-  m.kind = kind;
-  m.from = kRouter;
-  m.from_epoch = 1;
-  m.to = kind == MessageKind::kStartPrefill ? kPrefill : kDecode;
-  m.to_epoch = 1;
-  m.transfer = kTransfer;
-  m.mode = mode;
-  m.peer = kind == MessageKind::kStartPrefill ? kDecode : kPrefill;
-  m.peer_epoch = 1;
-  m.prompt_tokens = prompt_tokens;
-  m.n_siblings = n;
-  m.max_tokens = 16;
-  m.budget_ms = 900'000;
-  return m;
+  return tandem::testing::start_message(kind, kTransfer, mode, prompt_tokens, n, 900'000);
 }
 
 // A message from one side to the other, as the network would deliver it.

@@ -166,15 +166,15 @@ TEST(RouterRegistry, InstancesFencingEachOtherAreNotPaired) {
   const InstanceInfo prefill = r.list()[0];
   EXPECT_TRUE(r.cut_from(prefill).empty());
   InstanceLoad load;
-  load.fencing = {{3, 1}};
+  load.fencing = std::vector<std::pair<pd::NodeId, pd::Epoch>>{{3, 1}};
   ASSERT_TRUE(r.heartbeat(2, 1, load, 10));  // the prefill fences decode 3
   EXPECT_EQ(r.cut_from(prefill), std::vector<pd::NodeId>{3});
   InstanceLoad other;
-  other.fencing = {{2, 1}};
+  other.fencing = std::vector<std::pair<pd::NodeId, pd::Epoch>>{{2, 1}};
   ASSERT_TRUE(r.heartbeat(4, 1, other, 10));  // decode 4 fences the prefill
   EXPECT_EQ(r.cut_from(prefill), (std::vector<pd::NodeId>{3, 4}));
   // A fence of an older incarnation does not cut the new one.
-  other.fencing = {{2, 0}};
+  other.fencing = std::vector<std::pair<pd::NodeId, pd::Epoch>>{{2, 0}};
   ASSERT_TRUE(r.heartbeat(4, 1, other, 20));
   EXPECT_EQ(r.cut_from(prefill), std::vector<pd::NodeId>{3});
   Pick d = r.pick(pd::Role::kDecode, 1, r.cut_from(prefill));

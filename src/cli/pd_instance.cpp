@@ -157,20 +157,40 @@ PdInstance::PdInstance(EngineCore& engine, const gguf::File& file, server::HttpS
   http.set_pd_hook(std::move(hook));
 }
 
+namespace {
+
+// What /debug/transfers and the heartbeat both tell of the protocol.
+json fencing_json(const std::vector<std::pair<pd::NodeId, pd::Epoch>>& fencing) {
+  json list = json::array();
+  for (const auto& [node, epoch] : fencing) list.push_back({{"node", node}, {"epoch", epoch}});
+  return list;
+}
+
+json drops_json(const pd::NodeStats& stats) {
+  json drops = json::object();
+  for (int i = 0; i < pd::kDropReasonCount; ++i)
+    drops[std::string(pd::name(static_cast<pd::DropReason>(i)))] = stats.drops[static_cast<size_t>(i)];
+  return drops;
+}
+
+json states_json(const instance::TransferAgent::Snapshot& s, pd::Role role) {
+  json by_state = json::object();
+  for (size_t i = 0; i < s.transfers_by_state.size(); ++i) {
+    std::string name = role == pd::Role::kPrefill ? std::string(pd::name(static_cast<pd::PrefillState>(i)))
+                                                  : std::string(pd::name(static_cast<pd::DecodeState>(i)));
+    by_state[name] = {{"count", s.transfers_by_state[i]}, {"oldest_ms", s.ages_by_state[i].oldest_ms}};
+  }
+  return by_state;
+}
+
+}  // namespace
+
 PdInstance::~PdInstance() { leave(); }
 
 std::string PdInstance::debug_json() {
   auto s = agent_->snapshot();
   if (!s) return json{{"error", "the transfer agent did not answer within 1 s"}}.dump();
-  json by_state = json::object();
-  for (size_t i = 0; i < s->transfers_by_state.size(); ++i) {
-    std::string name = options_.role == pd::Role::kPrefill ? std::string(pd::name(static_cast<pd::PrefillState>(i)))
-                                                           : std::string(pd::name(static_cast<pd::DecodeState>(i)));
-    by_state[name] = {{"count", s->transfers_by_state[i]}, {"oldest_ms", s->ages_by_state[i].oldest_ms}};
-  }
-  json drops = json::object(), ends = json::object();
-  for (int i = 0; i < pd::kDropReasonCount; ++i)
-    drops[std::string(pd::name(static_cast<pd::DropReason>(i)))] = s->stats.drops[static_cast<size_t>(i)];
+  json ends = json::object();
   for (int i = 0; i < pd::kEndReasonCount; ++i)
     ends[std::string(pd::name(static_cast<pd::EndReason>(i)))] = s->stats.ends[static_cast<size_t>(i)];
   json wire = json::object();
@@ -178,15 +198,14 @@ std::string PdInstance::debug_json() {
     wire[std::string(transport::name(static_cast<transport::WireError>(i)))] = s->counters.wire_errors[static_cast<size_t>(i)];
   json peers = json::array();
   for (pd::NodeId p : s->connected_peers) peers.push_back(p);
-  json fencing = json::array();
-  for (const auto& [node, epoch] : s->fences_pending) fencing.push_back({{"node", node}, {"epoch", epoch}});
   json j = {{"role", std::string(pd::name(options_.role))},
             {"node", options_.node},
             {"epoch", epoch_},
-            {"transfers_by_state", by_state},
+            {"transfers_by_state", states_json(*s, options_.role)},
             {"live_transfers", s->live_transfers},
             {"blocks_held", s->blocks_held},
-            {"drops", drops},
+            {"quarantined_blocks", s->quarantined_blocks},
+            {"drops", drops_json(s->stats)},
             {"ends", ends},
             {"wire_errors", wire},
             {"spoofed_frames", s->counters.spoofed_frames},
@@ -198,7 +217,7 @@ std::string PdInstance::debug_json() {
             {"fences_requested", s->counters.fences_requested},
             {"fences_completed", s->counters.fences_completed},
             {"connected_peers", peers},
-            {"fences_pending", fencing},
+            {"fences_pending", fencing_json(s->fences_pending)},
             {"requests_tracked", s->requests_tracked}};
   json recent = json::array();
   for (const instance::TransferTimeline& t : s->recent)
@@ -215,14 +234,6 @@ std::string PdInstance::debug_json() {
                             {"lost_with_connection", faults_->counters().lost_with_connection}};
   return j.dump();
 }
-
-namespace {
-json fencing_json(const std::vector<std::pair<pd::NodeId, pd::Epoch>>& fencing) {
-  json list = json::array();
-  for (const auto& [node, epoch] : fencing) list.push_back({{"node", node}, {"epoch", epoch}});
-  return list;
-}
-}  // namespace
 
 bool PdInstance::register_once(std::string* why) {
   router::InstanceInfo info;
@@ -292,25 +303,18 @@ void PdInstance::heartbeat_loop() {
     json body = {{"node", options_.node},
                  {"epoch", epoch_},
                  {"free_blocks", engine_.n_kv_blocks() - m.kv_blocks_used.load()},
-                 {"quarantined_blocks", agent_->quarantined_blocks()},
-                 {"fencing", fencing_json(agent_->fencing())},
                  {"waiting", m.waiting.load() + m.waiting_remote_kv.load()},
                  {"draining", draining_.load()},
                  {"registry_version", registry_version}};
-    // The protocol's health, for the router's /metrics: drops by reason,
-    // transfers by state with the oldest in each (omitted if the agent does
-    // not answer in time; the router then keeps the last it had).
+    // The protocol's side, from one snapshot of the agent (omitted if it
+    // does not answer in time; the router then keeps the last it had): the
+    // blocks quarantined (credits), whom it fences (pairing), drops by reason
+    // and transfers by state with the oldest in each (/metrics).
     if (auto s = agent_->snapshot(200)) {
-      json drops = json::object(), states = json::object();
-      for (int i = 0; i < pd::kDropReasonCount; ++i)
-        drops[std::string(pd::name(static_cast<pd::DropReason>(i)))] = s->stats.drops[static_cast<size_t>(i)];
-      for (size_t i = 0; i < s->transfers_by_state.size(); ++i) {
-        std::string name = options_.role == pd::Role::kPrefill ? std::string(pd::name(static_cast<pd::PrefillState>(i)))
-                                                               : std::string(pd::name(static_cast<pd::DecodeState>(i)));
-        states[name] = {{"count", s->transfers_by_state[i]}, {"oldest_ms", s->ages_by_state[i].oldest_ms}};
-      }
-      body["drops"] = std::move(drops);
-      body["transfers_by_state"] = std::move(states);
+      body["quarantined_blocks"] = s->quarantined_blocks;
+      body["fencing"] = fencing_json(s->fences_pending);
+      body["drops"] = drops_json(s->stats);
+      body["transfers_by_state"] = states_json(*s, options_.role);
     }
     std::string text = body.dump();
     auto r = cli.Post("/internal/heartbeat", {{router::kSignatureHeader, router::sign(options_.secret, text)}}, text,

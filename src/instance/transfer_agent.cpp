@@ -166,16 +166,6 @@ void TransferAgent::execute(pd::Outputs& out) {
   // runs the core again), and an inner call's earlier timer must not be lost.
   next_wake_ms_ = std::min(next_wake_ms_, out.wake_at_ms);
   out.clear();
-  quarantined_blocks_.store(core().quarantined_blocks(), std::memory_order_relaxed);
-  const auto& pending = core().fences_pending();
-  std::lock_guard<std::mutex> lock(fencing_mu_);
-  if (fencing_.size() != pending.size() || !std::equal(fencing_.begin(), fencing_.end(), pending.begin()))
-    fencing_.assign(pending.begin(), pending.end());
-}
-
-std::vector<std::pair<pd::NodeId, pd::Epoch>> TransferAgent::fencing() const {
-  std::lock_guard<std::mutex> lock(fencing_mu_);
-  return fencing_;
 }
 
 void TransferAgent::send(const pd::Message& m) {
@@ -548,6 +538,7 @@ std::optional<TransferAgent::Snapshot> TransferAgent::snapshot(int timeout_ms) {
       s.live_transfers = static_cast<int64_t>(decode_->transfers().size()) -
                          s.transfers_by_state[static_cast<size_t>(pd::DecodeState::kEnded)];
     }
+    s.quarantined_blocks = core().quarantined_blocks();
     s.stats = core().stats();
     s.counters = counters_;
     s.requests_tracked = static_cast<int64_t>(requests_.size());

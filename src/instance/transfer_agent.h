@@ -113,11 +113,6 @@ class TransferAgent {
   // Thread-safe. Refuse new transfers from now on (shutdown); live ones go on.
   void begin_drain();
   uint16_t listen_port() const { return listen_port_; }
-  // Thread-safe. Blocks held by transfers that ended (for the router's credits).
-  int64_t quarantined_blocks() const { return quarantined_blocks_.load(std::memory_order_relaxed); }
-  // Thread-safe. The peer incarnations this instance is fencing: cut off from
-  // it until the fence completes (the router pairs neither with the other).
-  std::vector<std::pair<pd::NodeId, pd::Epoch>> fencing() const;
 
   // A snapshot taken on the agent thread (bounded wait; nullopt if it does not answer).
   struct Snapshot {
@@ -126,6 +121,7 @@ class TransferAgent {
     pd::NodeStats stats;
     AgentCounters counters;
     int64_t blocks_held = 0;
+    int64_t quarantined_blocks = 0;  // held by transfers that ended (the router's credits count them)
     std::vector<pd::NodeId> connected_peers;
     // Peer incarnations being fenced (memory exposed to them stays quarantined).
     std::vector<std::pair<pd::NodeId, pd::Epoch>> fences_pending;
@@ -156,9 +152,6 @@ class TransferAgent {
   TransferAgentConfig config_;
   uint16_t listen_port_ = 0;
   uint64_t block_bytes_ = 0;
-  std::atomic<int64_t> quarantined_blocks_{0};  // refreshed after every core call
-  mutable std::mutex fencing_mu_;
-  std::vector<std::pair<pd::NodeId, pd::Epoch>> fencing_;  // likewise, under fencing_mu_
   std::unique_ptr<pd::PrefillSide> prefill_;
   std::unique_ptr<pd::DecodeSide> decode_;
 

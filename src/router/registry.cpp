@@ -54,12 +54,12 @@ bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& l
   auto it = instances_.find(node);
   if (it == instances_.end() || it->second.epoch != epoch) return false;
   InstanceInfo& i = it->second;
-  const bool freed = load.quarantined_blocks < i.quarantined_blocks;
+  const bool freed = load.quarantined_blocks && *load.quarantined_blocks < i.quarantined_blocks;
   i.free_blocks = load.free_blocks;
-  i.quarantined_blocks = std::clamp<int64_t>(load.quarantined_blocks, 0, i.capacity_blocks);
+  if (load.quarantined_blocks) i.quarantined_blocks = std::clamp<int64_t>(*load.quarantined_blocks, 0, i.capacity_blocks);
   i.waiting = load.waiting;
   i.draining = load.draining;
-  i.fencing = load.fencing;
+  if (load.fencing) i.fencing = *load.fencing;
   if (load.drops) i.drops = *load.drops;
   if (load.transfers_by_state) i.transfers_by_state = *load.transfers_by_state;
   i.last_heard_ms = now_ms;

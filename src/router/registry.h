@@ -67,11 +67,13 @@ struct InstanceInfo {
 // What an instance's heartbeat says of its load.
 struct InstanceLoad {
   int64_t free_blocks = 0;
-  int64_t quarantined_blocks = 0;
   int64_t waiting = 0;
   bool draining = false;
-  std::vector<std::pair<pd::NodeId, pd::Epoch>> fencing;
-  std::optional<std::map<std::string, int64_t>> drops;  // absent: keep the last
+  // From the instance's transfer agent; absent (it did not answer in time):
+  // keep the last.
+  std::optional<int64_t> quarantined_blocks;
+  std::optional<std::vector<std::pair<pd::NodeId, pd::Epoch>>> fencing;
+  std::optional<std::map<std::string, int64_t>> drops;
   std::optional<std::map<std::string, std::pair<int64_t, int64_t>>> transfers_by_state;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pd/types.h"
 #include "util/block_budget.h"
 
 namespace tandem::router {
@@ -51,7 +52,8 @@ RequestShape estimate_shape(const json& body, bool chat) {
 }
 
 int64_t prefill_credits(const RequestShape& s, int64_t block_size, int64_t max_model_len) {
-  return std::max<int64_t>(1, blocks_for_tokens(std::min(s.prompt_tokens, max_model_len) - 1, block_size));
+  const auto prompt = static_cast<int32_t>(std::min(s.prompt_tokens, max_model_len));
+  return std::max(1, pd::moved_blocks(prompt, static_cast<int32_t>(block_size)));
 }
 
 int64_t decode_credits(const RequestShape& s, int64_t block_size, int64_t max_model_len) {

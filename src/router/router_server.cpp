@@ -234,14 +234,17 @@ void RouterServer::install_routes() {
     if (j->is_object()) {
       InstanceLoad load;
       load.free_blocks = j->value("free_blocks", int64_t{0});
-      load.quarantined_blocks = j->value("quarantined_blocks", int64_t{0});
+      if (auto q = j->find("quarantined_blocks"); q != j->end() && q->is_number_integer())
+        load.quarantined_blocks = q->get<int64_t>();
       load.waiting = j->value("waiting", int64_t{0});
       load.draining = j->value("draining", false);
       auto fencing = j->find("fencing");
-      if (fencing != j->end() && fencing->is_array() && fencing->size() <= 4096)
+      if (fencing != j->end() && fencing->is_array() && fencing->size() <= 4096) {
+        load.fencing.emplace();
         for (const json& f : *fencing)
           if (f.is_object() && f.value("node", json()).is_number_unsigned() && f.value("epoch", json()).is_number_unsigned())
-            load.fencing.emplace_back(f["node"].get<pd::NodeId>(), f["epoch"].get<pd::Epoch>());
+            load.fencing->emplace_back(f["node"].get<pd::NodeId>(), f["epoch"].get<pd::Epoch>());
+      }
       // Bounded: an instance has a few drop reasons and states.
       constexpr size_t kMaxNames = 32;
       auto drops = j->find("drops");
