@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include "gguf/gguf.h"
@@ -113,7 +114,7 @@ TEST_P(ModelInvariance, PagedEqualsContiguous) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchsAndTypes, ModelInvariance,
-                         ::testing::Combine(::testing::Values("llama", "qwen2", "qwen3"),
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "qwen3", "qwen3moe"),
                                             ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + kernels::dtype_name(std::get<1>(info.param));
@@ -202,11 +203,48 @@ std::vector<double> reference_forward(const gguf::File& f, const ModelConfig& c,
   std::vector<std::vector<double>> x(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t)
     x[static_cast<size_t>(t)].assign(embd.begin() + toks[static_cast<size_t>(t)] * E, embd.begin() + (toks[static_cast<size_t>(t)] + 1) * E);
+  // A SwiGLU FFN of width w_ff whose gate/up/down are the slices at `expert` of the three tensors.
+  auto swiglu = [&](const std::vector<double>& wg, const std::vector<double>& wu, const std::vector<double>& wd,
+                    int64_t w_ff, int64_t expert, const std::vector<double>& xn) {
+    auto slice = [&](const std::vector<double>& m, int64_t rows, int64_t cols) {
+      const auto off = static_cast<ptrdiff_t>(expert * rows * cols);
+      return std::vector<double>(m.begin() + off, m.begin() + off + rows * cols);
+    };
+    auto g = matvec(slice(wg, w_ff, E), xn, w_ff, E);
+    const auto u = matvec(slice(wu, w_ff, E), xn, w_ff, E);
+    for (int64_t i = 0; i < w_ff; ++i) g[static_cast<size_t>(i)] = g[static_cast<size_t>(i)] / (1 + std::exp(-g[static_cast<size_t>(i)])) * u[static_cast<size_t>(i)];
+    return matvec(slice(wd, E, w_ff), g, E, w_ff);
+  };
+  // The layer's FFN as (weight, output) terms: one dense term, or the routed
+  // experts (softmax over the router, the top n_expert_used, renormalised).
+  auto ffn = [&](int64_t l, const std::vector<double>& xn) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    std::vector<std::pair<double, std::vector<double>>> terms;
+    if (c.n_expert == 0) {
+      terms.emplace_back(1.0, swiglu(tensor(p + "ffn_gate.weight"), tensor(p + "ffn_up.weight"), tensor(p + "ffn_down.weight"), F, 0, xn));
+      return terms;
+    }
+    std::vector<double> prob = matvec(tensor(p + "ffn_gate_inp.weight"), xn, c.n_expert, E);
+    const double mx = *std::max_element(prob.begin(), prob.end());
+    double sum = 0;
+    for (auto& e : prob) sum += (e = std::exp(e - mx));
+    for (auto& e : prob) e /= sum;
+    std::vector<int64_t> order(static_cast<size_t>(c.n_expert));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return prob[static_cast<size_t>(a)] > prob[static_cast<size_t>(b)]; });
+    double chosen = 0;
+    for (int64_t s = 0; s < c.n_expert_used; ++s) chosen += prob[static_cast<size_t>(order[static_cast<size_t>(s)])];
+    const auto wg = tensor(p + "ffn_gate_exps.weight"), wu = tensor(p + "ffn_up_exps.weight"), wd = tensor(p + "ffn_down_exps.weight");
+    for (int64_t s = 0; s < c.n_expert_used; ++s) {
+      const int64_t e = order[static_cast<size_t>(s)];
+      terms.emplace_back(prob[static_cast<size_t>(e)] / chosen, swiglu(wg, wu, wd, c.n_ff_exp, e, xn));
+    }
+    return terms;
+  };
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     const auto wq = tensor(p + "attn_q.weight"), wk = tensor(p + "attn_k.weight"), wv = tensor(p + "attn_v.weight"),
-               wo = tensor(p + "attn_output.weight"), an = tensor(p + "attn_norm.weight"), fn = tensor(p + "ffn_norm.weight"),
-               wg = tensor(p + "ffn_gate.weight"), wu = tensor(p + "ffn_up.weight"), wd = tensor(p + "ffn_down.weight");
+               wo = tensor(p + "attn_output.weight"), an = tensor(p + "attn_norm.weight"), fn = tensor(p + "ffn_norm.weight");
     std::vector<std::vector<double>> q(static_cast<size_t>(n)), k(q.size()), v(q.size());
     for (int64_t t = 0; t < n; ++t) {
       const auto xn = rmsnorm(x[static_cast<size_t>(t)], an, 0, static_cast<size_t>(E));
@@ -251,11 +289,8 @@ std::vector<double> reference_forward(const gguf::File& f, const ModelConfig& c,
       const auto o = matvec(wo, attn, E, H * D);
       for (int64_t i = 0; i < E; ++i) x[static_cast<size_t>(t)][static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
       const auto xn = rmsnorm(x[static_cast<size_t>(t)], fn, 0, static_cast<size_t>(E));
-      auto g = matvec(wg, xn, F, E);
-      const auto u = matvec(wu, xn, F, E);
-      for (int64_t i = 0; i < F; ++i) g[static_cast<size_t>(i)] = g[static_cast<size_t>(i)] / (1 + std::exp(-g[static_cast<size_t>(i)])) * u[static_cast<size_t>(i)];
-      const auto d = matvec(wd, g, E, F);
-      for (int64_t i = 0; i < E; ++i) x[static_cast<size_t>(t)][static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
+      for (const auto& [weight, d] : ffn(l, xn))
+        for (int64_t i = 0; i < E; ++i) x[static_cast<size_t>(t)][static_cast<size_t>(i)] += weight * d[static_cast<size_t>(i)];
     }
   }
   const auto xn = rmsnorm(x.back(), tensor("output_norm.weight"), 0, static_cast<size_t>(E));
@@ -263,7 +298,7 @@ std::vector<double> reference_forward(const gguf::File& f, const ModelConfig& c,
 }
 
 TEST(Model, MatchesNaiveDoublePrecisionReference) {
-  for (const std::string arch : {"llama", "qwen2", "qwen3"}) {
+  for (const std::string arch : {"llama", "qwen2", "qwen3", "qwen3moe"}) {
     for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
       Loaded l = load(arch, dtype);
       ThreadPool pool(2);
@@ -399,7 +434,7 @@ TEST(Model, RejectsUnknownArchitecture) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("mamba"), std::string::npos);
-    EXPECT_NE(std::string(e.what()).find("llama, qwen2, qwen3"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("llama, qwen2, qwen3, qwen3moe"), std::string::npos);
   }
 }
 

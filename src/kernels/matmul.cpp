@@ -67,93 +67,156 @@ bool all_q8_0(std::span<const MatmulOutput> outputs) {
   return std::all_of(outputs.begin(), outputs.end(), [](const MatmulOutput& o) { return o.w->type == DType::kQ8_0; });
 }
 
-void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool,
-            const MatmulSplit& split, const MatmulEpilogue& epilogue) {
+namespace {
+
+// An input made ready for every weight type of its products: quantized for
+// q8_0 weights, rounded to bf16 for bf16 weights (each row on its own, so a
+// row's result never depends on the other rows).
+struct InputScratch {
+  std::vector<BlockQ8_0Act> xq;
+  std::vector<float> rounded;
+  std::vector<uint16_t> xb;
+};
+
+struct PreparedInput {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const BlockQ8_0Act* xq = nullptr;
+  int64_t ldxq = 0;
+  const float* rounded = nullptr;  // bf16-rounded x, k apart
+  const uint16_t* xb = nullptr;
+};
+
+PreparedInput prepare_input(const MatmulInput& in, int64_t k, int64_t n_tokens, bool any_q8, bool any_bf16,
+                            InputScratch& s, ThreadPool& pool) {
+  PreparedInput p{in.x, in.ldx, in.xq, in.ldxq, nullptr, nullptr};
   const float* x = in.x;
   const int64_t ldx = in.ldx;
-  if (outputs.empty() || n_tokens == 0) return;
-  TANDEM_ASSERT(outputs.size() <= kMaxOutputs);
-  const int64_t k = outputs[0].w->cols;
-  bool any_q8 = false, any_bf16 = false;
-  int64_t total_rows = 0;
-  for (const auto& o : outputs) {
-    TANDEM_ASSERT(o.w->cols == k, "a matmul group must share its input width");
-    any_q8 |= o.w->type == DType::kQ8_0;
-    any_bf16 |= o.w->type == DType::kBF16;
-    total_rows += o.w->rows;
-  }
-
-  // Q8_0 weights multiply activations quantized per row in blocks of 32; a
-  // row's quantization depends on that row only.
-  TANDEM_ASSERT(x != nullptr || (in.xq != nullptr && all_q8_0(outputs)), "a matmul group needs its f32 input");
-  thread_local std::vector<BlockQ8_0Act> xq_scratch;
-  const BlockQ8_0Act* xq = in.xq;
-  int64_t ldxq = in.ldxq;
-  if (any_q8 && xq == nullptr) {
+  if (any_q8 && p.xq == nullptr) {
     TANDEM_ASSERT(k % 32 == 0, "q8_0 weights need a row length that is a multiple of 32");
-    ldxq = k / 32;
-    xq_scratch.resize(static_cast<size_t>(ldxq * n_tokens));
-    BlockQ8_0Act* q = xq_scratch.data();
-    xq = q;
+    p.ldxq = k / 32;
+    s.xq.resize(static_cast<size_t>(p.ldxq * n_tokens));
+    BlockQ8_0Act* q = s.xq.data();
+    p.xq = q;
     // Per token, across threads for a prompt (one token runs inline: parallel_for's single chunk).
     pool.parallel_for(n_tokens, 1, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) quantize_row_q8_0(x + t * ldx, q + t * ldxq, k);
+      for (int64_t t = b; t < e; ++t) quantize_row_q8_0(x + t * ldx, q + t * p.ldxq, k);
     });
   }
-
-  // bf16 weights: the activations rounded to bf16, once, as f32 and as bf16.
-  thread_local std::vector<float> x_rounded;
-  thread_local std::vector<uint16_t> xb;
   if (any_bf16) {
-    x_rounded.resize(static_cast<size_t>(k * n_tokens));
-    xb.resize(x_rounded.size());
-    uint16_t* b16 = xb.data();
-    float* f32 = x_rounded.data();
+    s.rounded.resize(static_cast<size_t>(k * n_tokens));
+    s.xb.resize(s.rounded.size());
+    uint16_t* b16 = s.xb.data();
+    float* f32 = s.rounded.data();
     pool.parallel_for(n_tokens, 1, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) round_row_bf16(x + t * ldx, b16 + t * k, f32 + t * k, k);
     });
+    p.rounded = f32;
+    p.xb = b16;
   }
+  return p;
+}
 
-  const IsaKernels& isa = active_kernels();
-  GemmArgs args[kMaxOutputs];
-  int64_t first_row[kMaxOutputs + 1];
-  first_row[0] = 0;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const auto& o = outputs[i];
-    args[i] = GemmArgs{o.w->data, o.w->row_bytes, k,     x,          ldx,
-                       xq,        ldxq,           xb.data(), k, n_tokens, o.y, o.ldy, o.w->group, o.w->chunk_bytes};
-    if (o.w->type == DType::kBF16) {
-      args[i].x = x_rounded.data();
-      args[i].ldx = k;
-    }
-    first_row[i + 1] = first_row[i] + o.w->rows;
+GemmArgs gemm_args(const MatmulOutput& o, const PreparedInput& p, int64_t n_tokens) {
+  const int64_t k = o.w->cols;
+  GemmArgs a{o.w->data, o.w->row_bytes, k,        p.x,   p.ldx, p.xq,         p.ldxq,
+             p.xb,      k,              n_tokens, o.y,   o.ldy, o.w->group,   o.w->chunk_bytes};
+  if (o.w->type == DType::kBF16) {
+    a.x = p.rounded;
+    a.ldx = k;
   }
+  return a;
+}
 
+// Runs products i in [0, n) (weights w[i], arguments args[i]) in one parallel region.
+void run_products(const WeightMatrix* const* w, const GemmArgs* args, size_t n, ThreadPool& pool,
+                  const MatmulSplit& split, const MatmulEpilogue& epilogue) {
   TANDEM_ASSERT(split.row_grain > 0);
   if (epilogue && !split.same_rows)
-    for (size_t i = 0; i + 1 < outputs.size(); ++i)
-      TANDEM_ASSERT(outputs[i].w->rows % split.row_grain == 0, "an epilogue needs outputs of whole row grains");
+    for (size_t i = 0; i + 1 < n; ++i)
+      TANDEM_ASSERT(w[i]->rows % split.row_grain == 0, "an epilogue needs outputs of whole row grains");
+  const IsaKernels& isa = active_kernels();
   auto run = [&](size_t i, int64_t b, int64_t e) {
-    gemm_for(isa, outputs[i].w->type)(args[i], b, e);
+    if (args[i].n_tokens > 0) gemm_for(isa, w[i]->type)(args[i], b, e);
     if (epilogue) epilogue(i, b, e);
   };
   if (split.same_rows) {
     // The same range of every output.
-    const int64_t rows = outputs[0].w->rows;
-    for (const auto& o : outputs) TANDEM_ASSERT(o.w->rows == rows, "same_rows needs outputs of equal rows");
+    const int64_t rows = w[0]->rows;
+    for (size_t i = 0; i < n; ++i) TANDEM_ASSERT(w[i]->rows == rows, "same_rows needs outputs of equal rows");
     pool.parallel_for(rows, split.row_grain, [&](int64_t begin, int64_t end) {
-      for (size_t i = 0; i < outputs.size(); ++i) run(i, begin, end);
+      for (size_t i = 0; i < n; ++i) run(i, begin, end);
     });
     return;
   }
   // The concatenated row space of all outputs.
+  int64_t total_rows = 0;
+  for (size_t i = 0; i < n; ++i) total_rows += w[i]->rows;
   pool.parallel_for(total_rows, split.row_grain, [&](int64_t begin, int64_t end) {
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      const int64_t b = std::max(begin, first_row[i]);
-      const int64_t e = std::min(end, first_row[i + 1]);
-      if (b < e) run(i, b - first_row[i], e - first_row[i]);
+    int64_t first = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t b = std::max(begin, first);
+      const int64_t e = std::min(end, first + w[i]->rows);
+      if (b < e) run(i, b - first, e - first);
+      first += w[i]->rows;
     }
   });
+}
+
+}  // namespace
+
+void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool,
+            const MatmulSplit& split, const MatmulEpilogue& epilogue) {
+  if (outputs.empty() || n_tokens == 0) return;
+  TANDEM_ASSERT(outputs.size() <= kMaxOutputs);
+  const int64_t k = outputs[0].w->cols;
+  bool any_q8 = false, any_bf16 = false;
+  for (const auto& o : outputs) {
+    TANDEM_ASSERT(o.w->cols == k, "a matmul group must share its input width");
+    any_q8 |= o.w->type == DType::kQ8_0;
+    any_bf16 |= o.w->type == DType::kBF16;
+  }
+  TANDEM_ASSERT(in.x != nullptr || (in.xq != nullptr && all_q8_0(outputs)), "a matmul group needs its f32 input");
+  thread_local InputScratch scratch;
+  const PreparedInput p = prepare_input(in, k, n_tokens, any_q8, any_bf16, scratch, pool);
+  GemmArgs args[kMaxOutputs];
+  const WeightMatrix* w[kMaxOutputs];
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    args[i] = gemm_args(outputs[i], p, n_tokens);
+    w[i] = outputs[i].w;
+  }
+  run_products(w, args, outputs.size(), pool, split, epilogue);
+}
+
+void matmul_tasks(std::span<const MatmulTask> tasks, ThreadPool& pool, const MatmulSplit& split,
+                  const MatmulEpilogue& epilogue) {
+  if (tasks.empty()) return;
+  thread_local std::vector<InputScratch> scratch;
+  thread_local std::vector<GemmArgs> args;
+  thread_local std::vector<const WeightMatrix*> w;
+  args.resize(tasks.size());
+  w.resize(tasks.size());
+  // Consecutive tasks with the same input (an expert's gate and up) share its preparation.
+  size_t n_inputs = 0;
+  PreparedInput p;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const MatmulTask& t = tasks[i];
+    const bool shared = i > 0 && t.in.x == tasks[i - 1].in.x && t.in.xq == tasks[i - 1].in.xq &&
+                        t.n_tokens == tasks[i - 1].n_tokens && t.out.w->cols == tasks[i - 1].out.w->cols;
+    if (!shared) {
+      bool any_q8 = false, any_bf16 = false;
+      for (size_t j = i; j < tasks.size() && tasks[j].in.x == t.in.x && tasks[j].in.xq == t.in.xq; ++j) {
+        any_q8 |= tasks[j].out.w->type == DType::kQ8_0;
+        any_bf16 |= tasks[j].out.w->type == DType::kBF16;
+      }
+      TANDEM_ASSERT(t.in.x != nullptr || (t.in.xq != nullptr && !any_bf16), "a matmul task needs its f32 input");
+      if (scratch.size() <= n_inputs) scratch.resize(n_inputs + 1);
+      p = prepare_input(t.in, t.out.w->cols, t.n_tokens, any_q8, any_bf16, scratch[n_inputs++], pool);
+    }
+    args[i] = gemm_args(t.out, p, t.n_tokens);
+    w[i] = t.out.w;
+  }
+  run_products(w.data(), args.data(), tasks.size(), pool, split, epilogue);
 }
 
 }  // namespace tandem::kernels

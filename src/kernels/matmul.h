@@ -98,6 +98,21 @@ inline void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_
   matmul(outputs, MatmulInput{x, ldx, nullptr, 0}, n_tokens, pool);
 }
 
+// One product of a group whose outputs take their own input rows (the routed
+// experts of a MoE layer: each expert multiplies the rows sent to it).
+struct MatmulTask {
+  MatmulOutput out;
+  MatmulInput in;
+  int64_t n_tokens = 0;
+};
+
+// Computes every task in one parallel region, as matmul does a group (an
+// epilogue gets the task's index). With same_rows, all tasks must have equal
+// rows and each thread takes the same row range of each: balanced however
+// the tokens fall across tasks.
+void matmul_tasks(std::span<const MatmulTask> tasks, ThreadPool& pool, const MatmulSplit& split = {},
+                  const MatmulEpilogue& epilogue = {});
+
 // Whether every matrix of the group is Q8_0 (so it can take MatmulInput::xq alone).
 bool all_q8_0(std::span<const MatmulOutput> outputs);
 

@@ -1,6 +1,6 @@
 // An architecture is a declared composition of layer kinds: for each layer,
 // which token mixer (attention_layer.h; later a recurrent kind) and which
-// feed-forward (dense_ffn.h; later routed experts) it runs. Model::forward is
+// feed-forward (dense_ffn.h, expert_ffn.h) it runs. Model::forward is
 // a loop over this plan, so the next architecture is a new plan and, where it
 // needs one, a new layer kind in its own file, not new branches in forward.
 #pragma once
@@ -13,7 +13,7 @@
 namespace tandem {
 
 enum class MixerKind : uint8_t { kFullAttention };
-enum class FfnKind : uint8_t { kDense };
+enum class FfnKind : uint8_t { kDense, kExperts };
 
 struct LayerPlan {
   MixerKind mixer = MixerKind::kFullAttention;

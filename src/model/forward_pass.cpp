@@ -4,13 +4,16 @@
 
 namespace tandem {
 
+namespace {
+// Rows across threads for a prompt; a few decode rows are one chunk, run inline.
+constexpr int64_t kRowGrain = 16;
+}  // namespace
+
 kernels::MatmulInput ForwardPass::norm_rows(const float* weight, std::span<const kernels::MatmulOutput> group) {
-  OpTimer timer(prof, Op::kNorm);
   const int64_t E = c.n_embd;
   const float eps = c.rms_eps;
-  // Rows across threads for a prompt; a few decode rows are one chunk, run inline.
-  constexpr int64_t kRowGrain = 16;
   if (kernels::all_q8_0(group) && E % 32 == 0) {
+    OpTimer timer(prof, Op::kNorm);
     // Fused: the normalised rows go straight into Q8_0 activation blocks.
     const int64_t ldq = E / 32;
     ws.xq.resize(static_cast<size_t>(n * ldq));
@@ -19,10 +22,17 @@ kernels::MatmulInput ForwardPass::norm_rows(const float* weight, std::span<const
     });
     return kernels::MatmulInput{nullptr, 0, ws.xq.data(), ldq};
   }
+  return kernels::MatmulInput{norm_rows_f32(weight), E, nullptr, 0};
+}
+
+const float* ForwardPass::norm_rows_f32(const float* weight) {
+  OpTimer timer(prof, Op::kNorm);
+  const int64_t E = c.n_embd;
+  const float eps = c.rms_eps;
   pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
     kernels::rms_norm(ws.x.data() + b * E, E, weight, ws.xn.data() + b * E, E, e - b, E, eps);
   });
-  return kernels::MatmulInput{ws.xn.data(), E, nullptr, 0};
+  return ws.xn.data();
 }
 
 void ForwardPass::account(Op op, std::initializer_list<const kernels::WeightMatrix*> matrices, int64_t tokens) const {

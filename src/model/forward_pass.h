@@ -29,6 +29,11 @@ struct ForwardWorkspace {
   std::vector<kernels::KvSlot> kv_slots;
   std::vector<kernels::BlockQ8_0Act> xq;
   std::vector<std::pair<int32_t, int32_t>> slot_of_row;  // (block, offset) of each row's position
+  // Routed experts (expert_ffn.h): router logits, each row's chosen experts
+  // and weights, and the rows gathered per expert with their results.
+  std::vector<float> router_logits, expert_weight, expert_in, expert_gate, expert_up, expert_out;
+  std::vector<int32_t> expert_of_slot, row_of_slot, expert_first_row;
+  std::vector<kernels::MatmulTask> expert_tasks;
 };
 
 struct ForwardPass {
@@ -43,6 +48,8 @@ struct ForwardPass {
   // RMSNorm of the residual rows as the input of a matmul group: quantized
   // directly for an all-Q8_0 group, else f32 rows in ws.xn.
   kernels::MatmulInput norm_rows(const float* weight, std::span<const kernels::MatmulOutput> group);
+  // RMSNorm of the residual rows into ws.xn, always f32.
+  const float* norm_rows_f32(const float* weight);
   // Counts a matmul group's work for the profile's GFLOP/s and GB/s columns.
   void account(Op op, std::initializer_list<const kernels::WeightMatrix*> matrices, int64_t tokens) const;
   // The residual add, in the epilogue of a projection back to the model

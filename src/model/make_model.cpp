@@ -1,7 +1,9 @@
 #include "model/make_model.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "gguf/gguf.h"
 #include "kernels/ops.h"
@@ -23,6 +25,16 @@ const std::vector<ModelPreset>& presets() {
   };
   return kPresets;
 }
+
+const std::vector<ModelPreset>& moe_presets() {
+  static const std::vector<ModelPreset> kPresets = {
+      {"tiny", 64, 2, 4, 2, 160, 1024, 512, false, 8, 2, 64},
+      {"small", 1024, 8, 16, 4, 2816, 32000, 4096, false, 16, 4, 384},
+  };
+  return kPresets;
+}
+
+bool is_moe(const std::string& arch) { return arch == "qwen3moe"; }
 
 // splitmix64: a tiny, portable generator (the standard library's
 // distributions differ between implementations, which would break "same
@@ -72,18 +84,26 @@ class Builder {
  public:
   Builder(gguf::Writer& w, uint64_t seed, DType dtype) : w_(w), seed_(seed), dtype_(dtype) {}
 
-  // A matrix of `rows` rows of `cols` values uniform with standard deviation `std`.
-  void matrix(const std::string& name, int64_t cols, int64_t rows, float std_dev) {
+  // A matrix of `rows` rows of `cols` values uniform with standard deviation
+  // `std`; with n_expert > 0, n_expert such matrices as one 3-D tensor. The
+  // type is the model's unless given (routers stay f32, as llama.cpp's
+  // quantizer leaves them).
+  void matrix(const std::string& name, int64_t cols, int64_t rows, float std_dev, int64_t n_expert = 0,
+              std::optional<DType> type = std::nullopt) {
+    const DType dtype = type.value_or(dtype_);
     Rng rng{fnv1a(name, seed_)};
     const float amp = std_dev * std::sqrt(3.0f);
     std::vector<float> row(static_cast<size_t>(cols));
-    const size_t row_bytes = kernels::dtype_row_bytes(dtype_, cols);
-    std::vector<uint8_t> data(row_bytes * static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) {
+    const size_t row_bytes = kernels::dtype_row_bytes(dtype, cols);
+    const int64_t all_rows = rows * std::max<int64_t>(n_expert, 1);
+    std::vector<uint8_t> data(row_bytes * static_cast<size_t>(all_rows));
+    for (int64_t r = 0; r < all_rows; ++r) {
       for (auto& v : row) v = amp * rng.uniform();
-      kernels::convert_row(row.data(), dtype_, data.data() + static_cast<size_t>(r) * row_bytes, cols);
+      kernels::convert_row(row.data(), dtype, data.data() + static_cast<size_t>(r) * row_bytes, cols);
     }
-    w_.add_tensor(name, gguf_type(dtype_), {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}, std::move(data));
+    std::vector<uint64_t> dims{static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
+    if (n_expert > 0) dims.push_back(static_cast<uint64_t>(n_expert));
+    w_.add_tensor(name, gguf_type(dtype), dims, std::move(data));
   }
 
   // An f32 vector of values center + uniform(-spread, spread).
@@ -105,10 +125,12 @@ class Builder {
 
 }  // namespace
 
-const ModelPreset& find_preset(const std::string& name) {
-  for (const auto& p : presets())
+const ModelPreset& find_preset(const std::string& name, const std::string& arch) {
+  const bool moe = is_moe(arch);
+  for (const auto& p : moe ? moe_presets() : presets())
     if (p.name == name) return p;
-  throw Error("unknown preset '" + name + "': expected one of tiny, small, base");
+  throw Error("unknown preset '" + name + "' for " + arch + ": expected one of " +
+              (moe ? "tiny, small" : "tiny, small, base"));
 }
 
 std::vector<std::string> preset_names() {
@@ -118,9 +140,11 @@ std::vector<std::string> preset_names() {
 }
 
 void make_model(const MakeModelOptions& o, const std::string& path) {
-  const ModelPreset& p = find_preset(o.preset);
-  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3")
-    throw Error("unknown architecture '" + o.arch + "': expected one of llama, qwen2, qwen3");
+  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3" && !is_moe(o.arch))
+    throw Error("unknown architecture '" + o.arch + "': expected one of llama, qwen2, qwen3, qwen3moe");
+  const ModelPreset& p = find_preset(o.preset, o.arch);
+  const bool moe = is_moe(o.arch);
+  const bool qk_norm = o.arch == "qwen3" || moe;
   const int64_t head_dim = p.n_embd / p.n_head;
   const int64_t q_dim = p.n_head * head_dim;
   const int64_t kv_dim = p.n_head_kv * head_dim;
@@ -142,7 +166,12 @@ void make_model(const MakeModelOptions& o, const std::string& path) {
   w.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::make_f32(llama ? 1e-5f : 1e-6f));
   w.set(a + ".rope.freq_base", gguf::Value::make_f32(llama ? 10000.0f : 1000000.0f));
   w.set(a + ".rope.dimension_count", gguf::Value::make_u32(static_cast<uint32_t>(head_dim)));
-  if (a == "qwen3") {
+  if (moe) {
+    w.set(a + ".expert_count", gguf::Value::make_u32(static_cast<uint32_t>(p.n_expert)));
+    w.set(a + ".expert_used_count", gguf::Value::make_u32(static_cast<uint32_t>(p.n_expert_used)));
+    w.set(a + ".expert_feed_forward_length", gguf::Value::make_u32(static_cast<uint32_t>(p.n_ff_exp)));
+  }
+  if (qk_norm) {
     w.set(a + ".attention.key_length", gguf::Value::make_u32(static_cast<uint32_t>(head_dim)));
     w.set(a + ".attention.value_length", gguf::Value::make_u32(static_cast<uint32_t>(head_dim)));
   }
@@ -183,12 +212,20 @@ void make_model(const MakeModelOptions& o, const std::string& path) {
       b.vector(pre + "attn_k.bias", kv_dim, 0.0f, 0.1f);
       b.vector(pre + "attn_v.bias", kv_dim, 0.0f, 0.1f);
     }
-    if (a == "qwen3") {
+    if (qk_norm) {
       b.vector(pre + "attn_q_norm.weight", head_dim, 1.0f, 0.1f);
       b.vector(pre + "attn_k_norm.weight", head_dim, 1.0f, 0.1f);
     }
     b.matrix(pre + "attn_output.weight", q_dim, p.n_embd, inv_sqrt(q_dim));
     b.vector(pre + "ffn_norm.weight", p.n_embd, 1.0f, 0.1f);
+    if (moe) {
+      // Router logits of unit size, so a token's experts are clearly ranked.
+      b.matrix(pre + "ffn_gate_inp.weight", p.n_embd, p.n_expert, 2.0f * inv_sqrt(p.n_embd), 0, DType::kF32);
+      b.matrix(pre + "ffn_gate_exps.weight", p.n_embd, p.n_ff_exp, inv_sqrt(p.n_embd), p.n_expert);
+      b.matrix(pre + "ffn_up_exps.weight", p.n_embd, p.n_ff_exp, inv_sqrt(p.n_embd), p.n_expert);
+      b.matrix(pre + "ffn_down_exps.weight", p.n_ff_exp, p.n_embd, inv_sqrt(p.n_ff_exp), p.n_expert);
+      continue;
+    }
     b.matrix(pre + "ffn_gate.weight", p.n_embd, p.n_ff, inv_sqrt(p.n_embd));
     b.matrix(pre + "ffn_up.weight", p.n_embd, p.n_ff, inv_sqrt(p.n_embd));
     b.matrix(pre + "ffn_down.weight", p.n_ff, p.n_embd, inv_sqrt(p.n_ff));

@@ -15,15 +15,19 @@ struct ModelPreset {
   std::string name;
   int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
   bool tied_embeddings;
+  // Routed experts (MoE architectures only; 0 otherwise).
+  int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
 };
 
-// tiny (tests, < 5 MB), small (~336M parameters), base (Qwen2.5-0.5B shape).
-const ModelPreset& find_preset(const std::string& name);
+// Dense architectures: tiny (tests, < 5 MB), small (~336M parameters), base
+// (Qwen2.5-0.5B shape). qwen3moe: tiny (8 experts, top 2) and small (16
+// experts, top 4, ~240M parameters of which ~90M active per token).
+const ModelPreset& find_preset(const std::string& name, const std::string& arch = "llama");
 std::vector<std::string> preset_names();
 
 struct MakeModelOptions {
   std::string preset = "tiny";
-  std::string arch = "llama";  // llama, qwen2, qwen3
+  std::string arch = "llama";  // llama, qwen2, qwen3, qwen3moe
   kernels::DType dtype = kernels::DType::kF16;
   uint64_t seed = 0;
 };

@@ -64,6 +64,7 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
     }
     switch (layer.plan.ffn) {
       case FfnKind::kDense: layer.ffn = load_dense_ffn(f, p, c); break;
+      case FfnKind::kExperts: layer.experts = load_expert_ffn(f, p, c); break;
     }
   }
   // Interleave every matrix that can be (not the embedding table, which is
@@ -107,8 +108,7 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
   }
   prefault(rest, interleaved_bytes, total, options);
   m->weight_bytes_per_step_ = matrix_bytes(m->output_) + m->token_embd_.row_bytes;
-  for (Layer& layer : m->layers_)
-    for (const WeightMatrix* w : layer.matrices()) m->weight_bytes_per_step_ += matrix_bytes(*w);
+  for (Layer& layer : m->layers_) m->weight_bytes_per_step_ += layer.bytes_per_token(c);
   if (options.progress && total > 0) options.progress(total, total);
   return m;
 }
@@ -121,9 +121,20 @@ std::vector<WeightMatrix*> Layer::matrices() {
   std::vector<WeightMatrix*> ffn_matrices;
   switch (plan.ffn) {
     case FfnKind::kDense: ffn_matrices = ffn.matrices(); break;
+    case FfnKind::kExperts: ffn_matrices = experts.matrices(); break;
   }
   all.insert(all.end(), ffn_matrices.begin(), ffn_matrices.end());
   return all;
+}
+
+uint64_t Layer::bytes_per_token(const ModelConfig& c) {
+  uint64_t bytes = 0;
+  for (const WeightMatrix* w : matrices()) bytes += matrix_bytes(*w);
+  if (plan.ffn == FfnKind::kExperts) {
+    for (const WeightMatrix* w : experts.matrices()) bytes -= matrix_bytes(*w);
+    bytes += experts.bytes_per_token(c.n_expert_used);
+  }
+  return bytes;
 }
 
 
@@ -232,6 +243,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
     }
     switch (layer.plan.ffn) {
       case FfnKind::kDense: run_dense_ffn(pass, layer.ffn); break;
+      case FfnKind::kExperts: run_expert_ffn(pass, layer.experts); break;
     }
   }
 
@@ -251,7 +263,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
 std::string_view name(Op op) {
   static constexpr std::array<std::string_view, kOpCount> names = {
       "embed", "rms_norm", "qkv_matmul", "rope_angles", "attention", "out_proj", "gate_up_matmul", "down_matmul",
-      "lm_head"};
+      "moe_route", "lm_head"};
   return names[static_cast<size_t>(op)];
 }
 

@@ -1,4 +1,4 @@
-// A transformer (llama, qwen2, qwen3) whose forward pass runs a flat batch of
+// A transformer (llama, qwen2, qwen3, qwen3moe) whose forward pass runs a flat batch of
 // rows from many sequences over a paged KV pool: embedding, then per layer
 // the kinds its architecture declares (architecture.h), then the LM head.
 //
@@ -21,6 +21,7 @@
 #include "model/architecture.h"
 #include "model/attention_layer.h"
 #include "model/dense_ffn.h"
+#include "model/expert_ffn.h"
 #include "model/forward_pass.h"
 #include "model/op_profile.h"
 #include "kernels/kv_write.h"
@@ -43,7 +44,10 @@ struct Layer {
   LayerPlan plan;
   AttentionWeights attn;
   DenseFfnWeights ffn;
+  ExpertFfnWeights experts;
   std::vector<kernels::WeightMatrix*> matrices();
+  // Weight bytes one decode token reads (only the experts it is routed to).
+  uint64_t bytes_per_token(const ModelConfig& c);
 };
 
 struct LoadOptions {
@@ -66,7 +70,8 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const gguf::File& file() const { return *file_; }
-  // Bytes of weights read by one decode step (every matrix once, plus one embedding row).
+  // Bytes of weights read by one decode step of one token (every matrix
+  // once, n_expert_used experts of each expert layer, one embedding row).
   uint64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
   // Bytes of weights copied into the interleaved layout at load (0: plain).
   uint64_t interleaved_bytes() const { return interleaved_.size(); }

@@ -5,23 +5,44 @@
 
 namespace tandem {
 
+namespace {
+
+void read_experts(const gguf::File& f, ModelConfig& c) {
+  auto key = [&](const char* suffix) { return f.arch_key(suffix); };
+  c.n_expert = static_cast<int64_t>(f.get_u64(key("expert_count")));
+  c.n_expert_used = static_cast<int64_t>(f.get_u64(key("expert_used_count")));
+  if (c.n_expert <= 0 || c.n_expert_used <= 0 || c.n_expert_used > c.n_expert)
+    throw Error(f.path() + ": expert_used_count (" + std::to_string(c.n_expert_used) +
+                ") must be between 1 and expert_count (" + std::to_string(c.n_expert) + ")");
+  const uint64_t fallback = c.n_ff > 0 ? static_cast<uint64_t>(c.n_ff / c.n_expert_used) : 0;
+  c.n_ff_exp = static_cast<int64_t>(f.get_u64_or(key("expert_feed_forward_length"), fallback));
+  if (c.n_ff_exp <= 0) throw Error(f.path() + ": expert_feed_forward_length is missing or zero");
+  c.expert_weights_scale = static_cast<float>(f.get_f64_or(key("expert_weights_scale"), 0.0));
+}
+
+}  // namespace
+
 ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   ModelConfig c;
   c.arch = f.architecture();
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe")
     throw Error(f.path() + ": architecture '" + c.arch + "' is not supported (supported: " +
                 supported_architectures() + ")");
   c.name = f.get_string_or("general.name", "");
   auto key = [&](const char* suffix) { return f.arch_key(suffix); };
   c.n_embd = static_cast<int64_t>(f.get_u64(key("embedding_length")));
   c.n_layer = static_cast<int64_t>(f.get_u64(key("block_count")));
-  c.n_ff = static_cast<int64_t>(f.get_u64(key("feed_forward_length")));
+  const bool moe = c.arch == "qwen3moe";
+  // A MoE file's dense FFN width is informational (llama.cpp falls back to it
+  // for the expert width only).
+  c.n_ff = static_cast<int64_t>(moe ? f.get_u64_or(key("feed_forward_length"), 0) : f.get_u64(key("feed_forward_length")));
   c.n_head = static_cast<int64_t>(f.get_u64(key("attention.head_count")));
   c.n_head_kv = static_cast<int64_t>(f.get_u64_or(key("attention.head_count_kv"), static_cast<uint64_t>(c.n_head)));
   c.n_ctx_train = static_cast<int64_t>(f.get_u64_or(key("context_length"), 2048));
   c.rms_eps = static_cast<float>(f.get_f64_or(key("attention.layer_norm_rms_epsilon"), 1e-5));
   c.rope_freq_base = static_cast<float>(f.get_f64_or(key("rope.freq_base"), 10000.0));
-  if (c.n_head <= 0 || c.n_embd <= 0 || c.n_layer <= 0 || c.n_ff <= 0 || c.n_head_kv <= 0)
+  if (moe) read_experts(f, c);
+  if (c.n_head <= 0 || c.n_embd <= 0 || c.n_layer <= 0 || (c.n_ff <= 0 && !moe) || c.n_head_kv <= 0)
     throw Error(f.path() + ": model dimensions must be positive");
   if (c.n_head % c.n_head_kv != 0)
     throw Error(f.path() + ": head_count (" + std::to_string(c.n_head) + ") is not a multiple of head_count_kv (" +
@@ -34,7 +55,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     throw Error(f.path() + ": rope.dimension_count must be even and at most the head size");
   c.rope_neox = c.arch != "llama";
   c.qkv_bias = c.arch == "qwen2";
-  c.qk_norm = c.arch == "qwen3";
+  c.qk_norm = c.arch == "qwen3" || moe;
   const std::string scaling = f.get_string_or(key("rope.scaling.type"), "none");
   if (scaling != "none" && scaling != "linear" && scaling != "llama3")
     throw Error(f.path() + ": rope scaling '" + scaling + "' is not supported (supported: none, llama3 via rope_freqs)");

@@ -21,9 +21,10 @@ enum class Op : uint8_t {
   kOutProj,    // attention output projection + residual (epilogue)
   kGateUp,     // gate and up projections (one grouped matmul) + SwiGLU (epilogue)
   kDown,       // down projection + residual (epilogue)
+  kRoute,      // routed experts: router, choice, gather, weighted sum + residual
   kLmHead,     // final norm and vocabulary projection
 };
-constexpr int kOpCount = 9;
+constexpr int kOpCount = 10;
 std::string_view name(Op op);
 
 struct OpProfile {

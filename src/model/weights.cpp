@@ -33,21 +33,47 @@ std::string shape_text(std::initializer_list<int64_t> dims) {
 
 }  // namespace
 
+namespace {
+
+WeightMatrix matrix_view(const gguf::File& f, const gguf::TensorInfo& t, int64_t cols, int64_t rows,
+                         const uint8_t* data) {
+  WeightMatrix w;
+  w.type = compute_dtype(f, t);
+  if (w.type == DType::kQ8_0 && cols % 32 != 0)
+    throw Error(f.path() + ": q8_0 tensor '" + t.name + "' has rows not made of whole blocks");
+  w.data = data;
+  w.rows = rows;
+  w.cols = cols;
+  w.row_bytes = kernels::dtype_row_bytes(w.type, cols);
+  return w;
+}
+
+}  // namespace
+
 WeightMatrix weight_matrix(const gguf::File& f, const std::string& name, int64_t cols, int64_t rows) {
   const gguf::TensorInfo& t = f.tensor(name);
   if (t.dims.size() != 2 || static_cast<int64_t>(t.dims[0]) != cols || static_cast<int64_t>(t.dims[1]) != rows)
     throw Error(f.path() + ": tensor '" + name + "' has shape " + t.shape_string() + ", expected " +
                 shape_text({cols, rows}));
-  WeightMatrix w;
-  w.type = compute_dtype(f, t);
-  if (w.type == DType::kQ8_0 && cols % 32 != 0)
-    throw Error(f.path() + ": q8_0 tensor '" + name + "' has rows not made of whole blocks");
-  w.data = t.data;
-  w.rows = rows;
-  w.cols = cols;
-  w.row_bytes = kernels::dtype_row_bytes(w.type, cols);
+  const WeightMatrix w = matrix_view(f, t, cols, rows, t.data);
   TANDEM_ASSERT(w.row_bytes * static_cast<size_t>(rows) == t.n_bytes);
   return w;
+}
+
+std::vector<WeightMatrix> expert_matrices(const gguf::File& f, const std::string& name, int64_t cols, int64_t rows,
+                                          int64_t n_expert) {
+  const gguf::TensorInfo& t = f.tensor(name);
+  if (t.dims.size() != 3 || static_cast<int64_t>(t.dims[0]) != cols || static_cast<int64_t>(t.dims[1]) != rows ||
+      static_cast<int64_t>(t.dims[2]) != n_expert)
+    throw Error(f.path() + ": tensor '" + name + "' has shape " + t.shape_string() + ", expected " +
+                shape_text({cols, rows, n_expert}));
+  std::vector<WeightMatrix> experts;
+  for (int64_t e = 0; e < n_expert; ++e) {
+    const size_t slice_bytes = kernels::dtype_row_bytes(compute_dtype(f, t), cols) * static_cast<size_t>(rows);
+    experts.push_back(matrix_view(f, t, cols, rows, t.data + static_cast<size_t>(e) * slice_bytes));
+  }
+  TANDEM_ASSERT(experts[0].row_bytes * static_cast<size_t>(rows * n_expert) == t.n_bytes);
+  return experts;
 }
 
 const float* weight_vector(const gguf::File& f, const std::string& name, int64_t n, bool required) {

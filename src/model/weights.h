@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/matmul.h"
 
@@ -15,6 +16,10 @@ class File;
 
 // A [rows x cols] matrix (GGUF dims {cols, rows}) of a type the kernels compute with.
 kernels::WeightMatrix weight_matrix(const gguf::File& f, const std::string& name, int64_t cols, int64_t rows);
+// The n_expert [rows x cols] matrices of a 3-D expert tensor (GGUF dims
+// {cols, rows, n_expert}), each a view of its slice.
+std::vector<kernels::WeightMatrix> expert_matrices(const gguf::File& f, const std::string& name, int64_t cols,
+                                                   int64_t rows, int64_t n_expert);
 // An f32 vector of n elements; null when absent and not required.
 const float* weight_vector(const gguf::File& f, const std::string& name, int64_t n, bool required = true);
 

@@ -1,0 +1,167 @@
+#include "model/expert_ffn.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "gguf/gguf.h"
+#include "kernels/ops.h"
+#include "model/weights.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace tandem {
+
+namespace {
+
+uint64_t bytes_of(const kernels::WeightMatrix& w) { return static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows); }
+
+}  // namespace
+
+ExpertFfnWeights load_expert_ffn(const gguf::File& f, const std::string& p, const ModelConfig& c) {
+  ExpertFfnWeights w;
+  w.ffn_norm = weight_vector(f, p + "ffn_norm.weight", c.n_embd);
+  w.router = weight_matrix(f, p + "ffn_gate_inp.weight", c.n_embd, c.n_expert);
+  w.gate = expert_matrices(f, p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert);
+  w.up = expert_matrices(f, p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert);
+  w.down = expert_matrices(f, p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd, c.n_expert);
+  return w;
+}
+
+std::vector<kernels::WeightMatrix*> ExpertFfnWeights::matrices() {
+  std::vector<kernels::WeightMatrix*> all{&router};
+  for (auto* experts : {&gate, &up, &down})
+    for (kernels::WeightMatrix& m : *experts) all.push_back(&m);
+  return all;
+}
+
+uint64_t ExpertFfnWeights::bytes_per_token(int64_t n_used) const {
+  return bytes_of(router) + static_cast<uint64_t>(n_used) * (bytes_of(gate[0]) + bytes_of(up[0]) + bytes_of(down[0]));
+}
+
+void route_token(const float* logits, int64_t n_expert, int64_t n_used, float scale, int32_t* experts,
+                 float* weights) {
+  thread_local std::vector<float> probs;
+  thread_local std::vector<int32_t> order;
+  probs.resize(static_cast<size_t>(n_expert));
+  order.resize(static_cast<size_t>(n_expert));
+  std::copy_n(logits, n_expert, probs.data());
+  kernels::softmax(probs.data(), n_expert);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + n_used, order.end(), [&](int32_t a, int32_t b) {
+    const float pa = probs[static_cast<size_t>(a)], pb = probs[static_cast<size_t>(b)];
+    return pa > pb || (pa == pb && a < b);
+  });
+  float sum = 0;
+  for (int64_t s = 0; s < n_used; ++s) {
+    experts[s] = order[static_cast<size_t>(s)];
+    weights[s] = probs[static_cast<size_t>(experts[s])];
+    sum += weights[s];
+  }
+  sum = std::max(sum, 6.103515625e-5f);  // llama.cpp clamps the sum to the smallest f16 normal
+  for (int64_t s = 0; s < n_used; ++s) {
+    weights[s] /= sum;
+    if (scale != 0.0f && scale != 1.0f) weights[s] *= scale;
+  }
+}
+
+void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
+  ForwardWorkspace& ws = pass.ws;
+  const ModelConfig& c = pass.c;
+  const int64_t n = pass.n;
+  const int64_t E = c.n_embd;
+  const int64_t F = c.n_ff_exp;
+  const int64_t X = c.n_expert;
+  const int64_t K = c.n_expert_used;
+  const auto size = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
+  const float* xn = pass.norm_rows_f32(w.ffn_norm);
+  {
+    OpTimer timer(pass.prof, Op::kRoute);
+    ws.router_logits.resize(size(n, X));
+    kernels::matmul(w.router, xn, E, n, ws.router_logits.data(), X, pass.pool);
+    pass.account(Op::kRoute, {&w.router}, n);
+    // Slot (t, s) is row t's s-th ranked expert.
+    ws.expert_of_slot.resize(size(n, K));
+    ws.expert_weight.resize(size(n, K));
+    for (int64_t t = 0; t < n; ++t)
+      route_token(ws.router_logits.data() + t * X, X, K, c.expert_weights_scale, ws.expert_of_slot.data() + t * K,
+                  ws.expert_weight.data() + t * K);
+    // Rows grouped by expert (experts ascending, rows ascending within one).
+    ws.expert_first_row.assign(static_cast<size_t>(X + 1), 0);
+    for (int32_t e : ws.expert_of_slot) ++ws.expert_first_row[static_cast<size_t>(e) + 1];
+    for (int64_t e = 0; e < X; ++e) ws.expert_first_row[static_cast<size_t>(e + 1)] += ws.expert_first_row[static_cast<size_t>(e)];
+    ws.row_of_slot.resize(size(n, K));
+    std::vector<int32_t> next(ws.expert_first_row.begin(), ws.expert_first_row.end() - 1);
+    for (size_t slot = 0; slot < ws.expert_of_slot.size(); ++slot)
+      ws.row_of_slot[slot] = next[static_cast<size_t>(ws.expert_of_slot[slot])]++;
+    // One token's experts all read its one row in place; a prompt's rows are gathered.
+    if (n > 1) {
+      ws.expert_in.resize(size(n * K, E));
+      for (size_t slot = 0; slot < ws.row_of_slot.size(); ++slot)
+        std::copy_n(xn + static_cast<int64_t>(slot) / K * E, E, ws.expert_in.data() + ws.row_of_slot[slot] * E);
+    }
+  }
+  ws.expert_gate.resize(size(n * K, F));
+  ws.expert_up.resize(size(n * K, F));
+  ws.expert_out.resize(size(n * K, E));
+  auto rows_of = [&](int64_t e) {
+    const int32_t b = ws.expert_first_row[static_cast<size_t>(e)];
+    return std::pair<int32_t, int32_t>{b, ws.expert_first_row[static_cast<size_t>(e + 1)] - b};
+  };
+  {
+    OpTimer timer(pass.prof, Op::kGateUp);
+    ws.expert_tasks.clear();
+    for (int64_t e = 0; e < X; ++e) {
+      const auto [first, count] = rows_of(e);
+      if (count == 0) continue;
+      const float* in = n > 1 ? ws.expert_in.data() + first * E : xn;
+      ws.expert_tasks.push_back({{&w.gate[static_cast<size_t>(e)], ws.expert_gate.data() + first * F, F}, {in, E}, count});
+      ws.expert_tasks.push_back({{&w.up[static_cast<size_t>(e)], ws.expert_up.data() + first * F, F}, {in, E}, count});
+    }
+    // SwiGLU in the epilogue: each thread computes the same rows of an expert's gate and up.
+    auto swiglu = [&](size_t index, int64_t b, int64_t e) {
+      if (index % 2 != 1) return;
+      const kernels::MatmulTask& up = ws.expert_tasks[index];
+      float* g = ws.expert_tasks[index - 1].out.y;
+      for (int64_t t = 0; t < up.n_tokens; ++t) kernels::silu_mul(g + t * F + b, up.out.y + t * F + b, e - b);
+    };
+    kernels::matmul_tasks(ws.expert_tasks, pass.pool, kernels::MatmulSplit{.same_rows = true}, swiglu);
+    if (pass.prof != nullptr)
+      for (const kernels::MatmulTask& t : ws.expert_tasks) pass.account(Op::kGateUp, {t.out.w}, t.n_tokens);
+  }
+  {
+    OpTimer timer(pass.prof, Op::kDown);
+    ws.expert_tasks.clear();
+    for (int64_t e = 0; e < X; ++e) {
+      const auto [first, count] = rows_of(e);
+      if (count == 0) continue;
+      ws.expert_tasks.push_back({{&w.down[static_cast<size_t>(e)], ws.expert_out.data() + first * E, E},
+                                 {ws.expert_gate.data() + first * F, F},
+                                 count});
+    }
+    kernels::matmul_tasks(ws.expert_tasks, pass.pool, kernels::MatmulSplit{.same_rows = true});
+    if (pass.prof != nullptr)
+      for (const kernels::MatmulTask& t : ws.expert_tasks) pass.account(Op::kDown, {t.out.w}, t.n_tokens);
+  }
+  OpTimer timer(pass.prof, Op::kRoute);
+  // Each row: its experts' outputs, weighted, summed in rank order, then
+  // added to the residual (llama.cpp's order of additions).
+  pass.pool.parallel_for(n, 16, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> acc;
+    acc.resize(static_cast<size_t>(E));
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t s = 0; s < K; ++s) {
+        const auto slot = static_cast<size_t>(t * K + s);
+        const float wt = ws.expert_weight[slot];
+        const float* o = ws.expert_out.data() + static_cast<int64_t>(ws.row_of_slot[slot]) * E;
+        if (s == 0)
+          for (int64_t i = 0; i < E; ++i) acc[static_cast<size_t>(i)] = wt * o[i];
+        else
+          for (int64_t i = 0; i < E; ++i) acc[static_cast<size_t>(i)] += wt * o[i];
+      }
+      kernels::add_inplace(ws.x.data() + t * E, acc.data(), E);
+    }
+  });
+}
+
+}  // namespace tandem

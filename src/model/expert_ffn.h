@@ -1,0 +1,45 @@
+// The routed-experts feed-forward layer kind (qwen3moe): RMSNorm, a router
+// that ranks the experts per token (softmax, top n_expert_used, weights
+// renormalised to sum 1), each chosen expert's SwiGLU FFN over the rows sent
+// to it, and the weighted sum of a row's expert outputs added to the residual.
+//
+// Batch invariance: a row's expert outputs come from batch-invariant kernels
+// over its own row, and a row sums them in its own rank order, so its result
+// never depends on which other rows share its experts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "model/forward_pass.h"
+
+namespace tandem {
+
+namespace gguf {
+class File;
+}
+
+struct ExpertFfnWeights {
+  const float* ffn_norm = nullptr;
+  kernels::WeightMatrix router;                      // ffn_gate_inp: n_expert rows
+  std::vector<kernels::WeightMatrix> gate, up, down;  // one per expert
+
+  std::vector<kernels::WeightMatrix*> matrices();
+  // Weight bytes one token reads: the router and n_used experts.
+  uint64_t bytes_per_token(int64_t n_used) const;
+};
+
+ExpertFfnWeights load_expert_ffn(const gguf::File& f, const std::string& prefix, const ModelConfig& c);
+
+// Adds the layer's feed-forward output to pass.ws.x.
+void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w);
+
+// The experts of one token and their weights, from its router logits, as
+// llama.cpp chooses them: softmax, the n_used most probable (ties to the
+// lower index), weights divided by their sum (at least 2^-14), then scaled.
+void route_token(const float* logits, int64_t n_expert, int64_t n_used, float scale, int32_t* experts,
+                 float* weights);
+
+}  // namespace tandem
