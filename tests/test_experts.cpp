@@ -13,6 +13,7 @@
 #include "model/expert_ffn.h"
 #include "model/make_model.h"
 #include "model/model.h"
+#include "kv/kv_pool.h"
 #include "model_fixtures.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -119,6 +120,32 @@ TEST(Experts, MakeModelWritesTheShapesLlamaCppReads) {
   EXPECT_NEAR(static_cast<double>(params) / 1e6, 240, 5);
   EXPECT_NEAR(static_cast<double>(active) / 1e6, 91, 3);
   EXPECT_THROW(find_preset("base", "qwen3moe"), Error);
+}
+
+TEST(Experts, HybridPresetsHaveTheShapesTheIssueAsksFor) {
+  const gguf::File f = gguf::File::open(testing::tiny_model_path("qwen3next", DType::kF16));
+  EXPECT_LT(std::filesystem::file_size(f.path()), 10u << 20);
+  auto m = Model::load(std::make_shared<const gguf::File>(gguf::File::open(f.path())));
+  const ModelConfig& c = m->config();
+  EXPECT_EQ(c.recurrent, (std::vector<bool>{true, true, true, false}));
+  EXPECT_EQ(c.n_attention_layers(), 1);
+  EXPECT_EQ(c.kv_layer(3), 0);
+  EXPECT_EQ(c.state_layer(2), 2);
+  EXPECT_TRUE(c.gated_attention);
+  EXPECT_EQ(c.n_rot, c.head_dim / 4);
+  // The KV pool holds the one attention layer; each state slot every
+  // recurrent layer's conv inputs (3 x 128 channels) and S matrices (4 x 16 x 16).
+  const KvPoolShape shape = m->kv_shape(8, 4, DType::kF16, 3);
+  EXPECT_EQ(shape.n_layers, 1);
+  EXPECT_EQ(shape.n_state_slots, 3);
+  EXPECT_EQ(shape.state_slot_bytes, 3u * (3 * 128 + 4 * 16 * 16) * 4);
+  EXPECT_NE(f.find_tensor("blk.0.ffn_up_shexp.weight"), nullptr);
+  const ModelPreset& small = find_preset("small", "qwen3next");
+  EXPECT_GE(small.n_expert, 16);
+  EXPECT_GE(small.n_expert_used, 2);
+  EXPECT_GE(small.n_layer, 8);
+  EXPECT_EQ(small.n_layer % small.full_attention_interval, 0);
+  EXPECT_EQ(small.full_attention_interval, 4);  // a quarter of the layers are full attention
 }
 
 TEST(Experts, RejectsMoreUsedExpertsThanExperts) {

@@ -15,6 +15,12 @@
 //   qwen3moe_bpe.gguf  qwen3moe: qwen3's attention (f16), 8 routed experts
 //                   of width 64, top 2, as 3-D q8_0 tensors, f32 router,
 //                   q8_0 output (gguf-py's GGUFWriter and quantizer)
+//   qwen3next_bpe.gguf  qwen3next: 4 layers, 3 gated delta-net (4-tap
+//                   convolution, state size 16, 2 key heads, 4 value heads;
+//                   f16 QKV, q8_0 gate, f32 beta/alpha, bf16 output) and 1
+//                   gated attention layer (f16, a quarter of each head
+//                   rotated), 8 f16 experts top 2 plus an f16 shared
+//                   expert with its sigmoid gate
 //
 // The expected values below came from llama.cpp build
 // 3f545beccee69d9975f466ec7e45fd9aacd8ba90 (b10573-14, 2026-08-22) via a small
@@ -150,6 +156,21 @@ const std::vector<Expected>& expected() {
      {202, 244, 193, 328, 184, 184, 184, 250, 63, 114, 234, 319, 335, 78, 335, 78},
      {18.5525f, 18.1718f, 26.8366f, 16.2279f, 14.9006f, 14.4498f, 15.3867f, 15.4443f, 21.1295f, 16.1847f, 13.8598f, 18.8088f, 21.7210f, 16.7783f, 17.4260f, 17.1752f},
      {4.2135f, 2.5617f, 8.0148f, 2.2468f, 0.3276f, 0.6101f, 0.0577f, 0.4924f, 5.5564f, 0.0435f, 1.0896f, 3.5033f, 2.8719f, 1.3675f, 2.1773f, 1.8351f}},
+    {"qwen3next_bpe", 0,
+     {298, 325, 340, 377, 119, 110, 277, 111, 120, 362, 334, 390, 265, 307, 258, 267, 97, 122, 121, 368, 349, 282, 258, 292, 116, 354, 101, 390, 46},
+     {274, 61, 195, 63, 238, 203, 132, 12, 162, 326, 291, 253, 300, 285, 61, 291},
+     {20.6813f, 24.7689f, 18.7858f, 19.7034f, 17.9786f, 16.9390f, 15.3393f, 20.0966f, 24.5562f, 22.5727f, 18.5320f, 19.9785f, 19.0903f, 20.1625f, 15.2936f, 17.4735f},
+     {3.9514f, 7.8910f, 2.4736f, 4.0205f, 2.0958f, 3.1306f, 0.9279f, 3.9584f, 8.3643f, 5.7223f, 2.1520f, 1.5615f, 3.5780f, 1.0684f, 0.6892f, 1.9849f}},
+    {"qwen3next_bpe", 1,
+     {67, 97, 102, 306, 328, 397, 175, 279, 289, 306, 115, 334, 306, 32, 226, 128, 148, 32, 229, 140, 151, 228, 186, 172, 230, 172, 162, 232, 191, 142, 228, 189, 160, 32, 240, 159, 154, 128, 240, 159, 153, 130, 32, 195, 156, 110, 195, 175, 99, 195, 182, 100, 306, 277, 397, 167, 97, 311},
+     {190, 267, 162, 224, 224, 42, 286, 141, 331, 151, 387, 268, 86, 62, 307, 290},
+     {17.7130f, 17.7121f, 20.9649f, 17.2251f, 20.9408f, 16.0499f, 15.5370f, 15.2394f, 16.2048f, 17.7445f, 19.2079f, 23.2609f, 16.9146f, 17.7569f, 16.1975f, 13.5231f},
+     {0.3331f, 0.0539f, 4.5067f, 3.1399f, 0.6918f, 1.5177f, 1.0697f, 0.7138f, 0.4552f, 1.9202f, 1.2313f, 5.7471f, 1.4217f, 3.2522f, 1.0512f, 0.0276f}},
+    {"qwen3next_bpe", 2,
+     {32, 379, 44, 9, 119, 274, 275, 33, 10, 10, 32, 312, 380, 32, 51, 46, 49, 52, 49, 53, 57, 59, 285, 61, 91, 49, 44, 32, 50, 50, 44, 32, 51, 51, 51, 44, 32, 52, 52, 52, 52, 93, 46, 46, 46, 32, 32, 63, 63, 63, 32, 32, 36, 49, 48, 48, 32, 40, 53, 48, 37, 41, 32, 35, 116, 97, 103, 32, 64, 117, 115, 264, 10},
+     {89, 108, 279, 334, 63, 396, 128, 182, 279, 375, 341, 52, 63, 283, 194, 1},
+     {19.7201f, 14.7931f, 18.6667f, 19.1964f, 21.3246f, 14.8324f, 16.7111f, 15.8298f, 15.3094f, 16.9467f, 19.6329f, 18.0525f, 22.8611f, 15.2131f, 18.7638f, 18.6527f},
+     {4.1555f, 0.3774f, 1.3300f, 5.3181f, 5.4479f, 0.6952f, 0.9477f, 1.2621f, 0.3779f, 0.4359f, 4.8668f, 0.9064f, 3.3563f, 1.6737f, 1.2163f, 1.4465f}},
   };
   return cases;
 }
@@ -178,6 +199,7 @@ TEST(LlamaCppFixtures, ConfigMatchesLlamaCpp) {
       {"qwen2_bpe", 405, 16, 16, true, false, 1e-6f, 1000000.0f},
       {"qwen3_bpe", 405, 32, 32, true, false, 1e-6f, 1000000.0f},
       {"qwen3moe_bpe", 405, 32, 32, true, false, 1e-6f, 1000000.0f},
+      {"qwen3next_bpe", 405, 32, 8, true, false, 1e-6f, 1000000.0f},
   };
   for (const Want& w : wants) {
     SCOPED_TRACE(w.fixture);
@@ -185,7 +207,7 @@ TEST(LlamaCppFixtures, ConfigMatchesLlamaCpp) {
     auto model = Model::load(file);
     const ModelConfig& c = model->config();
     EXPECT_EQ(c.n_embd, 64);
-    EXPECT_EQ(c.n_layer, 2);
+    EXPECT_EQ(c.n_layer, c.hybrid() ? 4 : 2);
     EXPECT_EQ(c.n_head, 4);
     EXPECT_EQ(c.n_head_kv, 2);
     EXPECT_EQ(c.n_ff, 128);
@@ -232,7 +254,7 @@ TEST_P(LlamaCppCompat, GreedyDecodesAsLlamaCpp) {
   int32_t pos = 0;
   for (size_t step = 0; step < e.gen_ids.size(); ++step) {
     Batch batch;
-    batch.add_sequence(input, pos, table, true);
+    batch.add_sequence(input, pos, table, true, /*state_slot=*/0);
     pos += static_cast<int32_t>(input.size());
     const std::vector<float> logits = model->forward(batch, kv, pool);
     const auto got = static_cast<int32_t>(kernels::argmax(logits.data(), n_vocab));

@@ -47,7 +47,7 @@ TEST(MakeModel, SameArgumentsSameBytesAndSeedMatters) {
 }
 
 TEST(MakeModel, TinyIsUnderFiveMegabytesInEveryDtypeAndLoads) {
-  for (const std::string arch : {"llama", "qwen2", "qwen3", "qwen3moe"}) {
+  for (const std::string arch : {"llama", "qwen2", "qwen3", "qwen3moe", "qwen3next"}) {
     for (kernels::DType t : {kernels::DType::kF32, kernels::DType::kF16, kernels::DType::kBF16, kernels::DType::kQ8_0}) {
       const std::string path = testing::tiny_model_path(arch, t);
       EXPECT_LT(std::filesystem::file_size(path), 5u << 20) << path;

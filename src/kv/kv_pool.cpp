@@ -24,40 +24,61 @@ size_t part_bytes(const KvPoolShape& s) {
 
 size_t KvPool::bytes_per_block(const KvPoolShape& s) { return part_bytes(s) * 2 * static_cast<size_t>(s.n_layers); }
 
-KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
-  if (shape.dtype == kernels::DType::kQ8_0) throw Error("the KV cache dtype must be f32, f16 or bf16");
-  if (shape.n_layers <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size <= 0 ||
-      shape.n_blocks <= 0)
-    throw Error("KV pool shape must be positive in every dimension");
-  part_bytes_ = part_bytes(shape);
-  block_bytes_ = bytes_per_block(shape);
-  // Anonymous mapping: page-aligned (ready to register for RMA later) and zeroed.
-  void* p = mmap(nullptr, size_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    throw Error("cannot allocate the KV pool (" + std::to_string(size_bytes() >> 20) + " MiB): lower the block count");
-  data_ = static_cast<uint8_t*>(p);
-  // Huge pages where the kernel has them (attention reads short pieces of many
-  // blocks), and every page backed now: otherwise each step that writes into
-  // untouched pages takes a page fault and a page clear per page, inside the
-  // forward pass (small F16, 64 sequences: about 9 ms of a 150 ms step in the
-  // QKV epilogue), and a pool the machine cannot back fails later instead of
-  // at start.
-  (void)madvise(p, size_bytes(), MADV_HUGEPAGE);
+namespace {
+
+// An anonymous mapping of n bytes: page-aligned (ready to register for RMA)
+// and zeroed, every page backed now. Huge pages where the kernel has them
+// (attention reads short pieces of many blocks). Backing every page now
+// matters: otherwise each step that writes into untouched pages takes a page
+// fault and a page clear per page, inside the forward pass (small F16, 64
+// sequences: about 9 ms of a 150 ms step in the QKV epilogue), and a pool the
+// machine cannot back fails later instead of at start.
+uint8_t* map_backed(size_t n, const std::string& what) {
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw Error("cannot allocate the " + what + " (" + std::to_string(n >> 20) + " MiB): lower the block count");
+  auto* data = static_cast<uint8_t*>(p);
+  (void)madvise(p, n, MADV_HUGEPAGE);
 #ifdef MADV_POPULATE_WRITE
-  if (madvise(p, size_bytes(), MADV_POPULATE_WRITE) == 0) return;
+  if (madvise(p, n, MADV_POPULATE_WRITE) == 0) return data;
   if (errno != EINVAL) {  // (EINVAL: a kernel before 5.14, touched below)
-    munmap(p, size_bytes());
-    data_ = nullptr;
-    throw Error("cannot back the KV pool (" + std::to_string(size_bytes() >> 20) +
+    munmap(p, n);
+    throw Error("cannot back the " + what + " (" + std::to_string(n >> 20) +
                 " MiB) with memory: lower the block count or the KV cache size");
   }
 #endif
   const long page = sysconf(_SC_PAGESIZE);
-  for (size_t off = 0; off < size_bytes(); off += static_cast<size_t>(page)) data_[off] = 0;
+  for (size_t off = 0; off < n; off += static_cast<size_t>(page)) data[off] = 0;
+  return data;
+}
+
+}  // namespace
+
+KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
+  if (shape.dtype == kernels::DType::kQ8_0) throw Error("the KV cache dtype must be f32, f16 or bf16");
+  if (shape.n_layers <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size <= 0 ||
+      shape.n_blocks <= 0 || shape.n_state_slots < 0 || (shape.n_state_slots > 0 && shape.state_slot_bytes == 0))
+    throw Error("KV pool shape must be positive in every dimension");
+  part_bytes_ = part_bytes(shape);
+  block_bytes_ = bytes_per_block(shape);
+  data_ = map_backed(size_bytes(), "KV pool");
+  if (shape.n_state_slots > 0) {
+    try {
+      state_data_ = map_backed(state_size_bytes(), "recurrent-state pool");
+    } catch (...) {
+      munmap(data_, size_bytes());
+      throw;
+    }
+  }
 }
 
 KvPool::~KvPool() {
   if (data_ != nullptr) munmap(data_, size_bytes());
+  if (state_data_ != nullptr) munmap(state_data_, state_size_bytes());
+}
+
+uint8_t* KvPool::state_slot(int32_t slot) {
+  TANDEM_ASSERT(slot >= 0 && slot < shape_.n_state_slots, "state slot out of range");
+  return state_data_ + static_cast<size_t>(slot) * shape_.state_slot_bytes;
 }
 
 uint8_t* KvPool::block(int32_t b) {

@@ -6,6 +6,11 @@
 // later) per block, not one per block per layer. A part holds block_size x
 // kv_dim elements of the pool dtype (kv_dim = n_kv_heads * head_dim), laid out
 // per head as kernels/kv_layout.h says (K transposed).
+//
+// A hybrid model's recurrent layers keep no KV: their state lives beside the
+// blocks, in a second registered region of n_state_slots slots of
+// state_slot_bytes each, one per live sequence (the model lays a slot out;
+// kv/state_slots.h hands slots out).
 #pragma once
 
 #include <cstddef>
@@ -24,6 +29,8 @@ struct KvPoolShape {
   int block_size = 16;  // token slots per block
   kernels::DType dtype = kernels::DType::kF16;
   int64_t n_blocks = 0;
+  int64_t n_state_slots = 0;   // recurrent-state slots (0: the model has none)
+  size_t state_slot_bytes = 0;
 };
 
 class KvPool {
@@ -46,6 +53,11 @@ class KvPool {
   // The view attention needs for one layer.
   kernels::PagedKvLayer layer_view(int layer) const;
 
+  // The recurrent-state region: n_state_slots slots of state_slot_bytes.
+  uint8_t* state_slot(int32_t slot);
+  uint8_t* state_data() { return state_data_; }
+  size_t state_size_bytes() const { return shape_.state_slot_bytes * static_cast<size_t>(shape_.n_state_slots); }
+
   // Bytes needed per block for a shape (used to size the pool from a memory budget).
   static size_t bytes_per_block(const KvPoolShape& shape);
 
@@ -54,6 +66,7 @@ class KvPool {
   size_t part_bytes_ = 0;  // one layer's K (or V) part of a block
   size_t block_bytes_ = 0;
   uint8_t* data_ = nullptr;
+  uint8_t* state_data_ = nullptr;
 };
 
 // A minimal free-list allocator over a pool's blocks, for tests and the CLI.

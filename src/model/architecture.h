@@ -1,5 +1,5 @@
 // An architecture is a declared composition of layer kinds: for each layer,
-// which token mixer (attention_layer.h; later a recurrent kind) and which
+// which token mixer (attention_layer.h, delta_net_layer.h) and which
 // feed-forward (dense_ffn.h, expert_ffn.h) it runs. Model::forward is
 // a loop over this plan, so the next architecture is a new plan and, where it
 // needs one, a new layer kind in its own file, not new branches in forward.
@@ -12,7 +12,7 @@
 
 namespace tandem {
 
-enum class MixerKind : uint8_t { kFullAttention };
+enum class MixerKind : uint8_t { kFullAttention, kGatedDeltaNet };
 enum class FfnKind : uint8_t { kDense, kExperts };
 
 struct LayerPlan {

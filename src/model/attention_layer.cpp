@@ -1,12 +1,15 @@
 #include "model/attention_layer.h"
 
 #include <cmath>
+#include <algorithm>
 #include <numeric>
+#include <span>
 
 #include "gguf/gguf.h"
 #include "kernels/attention.h"
 #include "kernels/kv_write.h"
 #include "model/weights.h"
+#include "util/thread_pool.h"
 
 namespace tandem {
 
@@ -15,7 +18,8 @@ AttentionWeights load_attention(const gguf::File& f, const std::string& p, const
   const int64_t kv_dim = c.n_head_kv * c.head_dim;
   AttentionWeights w;
   w.attn_norm = weight_vector(f, p + "attn_norm.weight", c.n_embd);
-  w.wq = weight_matrix(f, p + "attn_q.weight", c.n_embd, q_dim);
+  // Gated attention (qwen3next): per head, the query then its output gate.
+  w.wq = weight_matrix(f, p + "attn_q.weight", c.n_embd, c.gated_attention ? 2 * q_dim : q_dim);
   w.wk = weight_matrix(f, p + "attn_k.weight", c.n_embd, kv_dim);
   w.wv = weight_matrix(f, p + "attn_v.weight", c.n_embd, kv_dim);
   w.wo = weight_matrix(f, p + "attn_output.weight", q_dim, c.n_embd);
@@ -29,7 +33,7 @@ AttentionWeights load_attention(const gguf::File& f, const std::string& p, const
   return w;
 }
 
-void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t layer) {
+void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_layer) {
   const ModelConfig& c = pass.c;
   ForwardWorkspace& ws = pass.ws;
   KvPool& kv = pass.kv;
@@ -39,6 +43,7 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t layer) 
   const int64_t kv_dim = c.n_head_kv * c.head_dim;
   const int hd = static_cast<int>(c.head_dim);
   const kernels::KvBlockShape kv_block{hd, kv.shape().block_size};
+  const int64_t layer = kv_layer;
   pass.kv_slots_of_layer(layer);
   {
     // QKV threads take whole heads (the epilogue ropes and writes per head),
@@ -80,7 +85,28 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t layer) 
         kernels::write_v(y, kv_dim, n, h0, h1, kv_block, ws.kv_slots.data(), kv.shape().dtype);
       }
     };
-    kernels::matmul(qkv, in, n, pass.pool, qkv_split, epilogue);
+    if (!c.gated_attention) {
+      kernels::matmul(qkv, in, n, pass.pool, qkv_split, epilogue);
+    } else {
+      // The query and gate rows of whole heads go to ws.q and ws.attn_gate,
+      // then the query takes the same norm and RoPE as an ungated one.
+      ws.qg.resize(static_cast<size_t>(n * 2 * q_dim));
+      ws.attn_gate.resize(static_cast<size_t>(n * q_dim));
+      const kernels::MatmulOutput qg[] = {{&w.wq, ws.qg.data(), 2 * q_dim}};
+      kernels::MatmulSplit qg_split{std::lcm(2 * c.head_dim, kernels::kPanelRows)};
+      if ((2 * q_dim) % qg_split.row_grain != 0) qg_split.row_grain = 2 * c.head_dim;
+      kernels::matmul(qg, in, n, pass.pool, qg_split, [&](size_t, int64_t b, int64_t e) {
+        const int64_t D = c.head_dim;
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t h = b / (2 * D); h < e / (2 * D); ++h) {
+            std::copy_n(ws.qg.data() + t * 2 * q_dim + h * 2 * D, D, ws.q.data() + t * q_dim + h * D);
+            std::copy_n(ws.qg.data() + t * 2 * q_dim + h * 2 * D + D, D, ws.attn_gate.data() + t * q_dim + h * D);
+          }
+        epilogue(0, b / 2, e / 2);
+      });
+      kernels::matmul(std::span(qkv).subspan(1), in, n, pass.pool, qkv_split,
+                      [&](size_t index, int64_t b, int64_t e) { epilogue(index + 1, b, e); });
+    }
     pass.account(Op::kQkv, {&w.wq, &w.wk, &w.wv}, n);
   }
   {
@@ -89,6 +115,13 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t layer) 
     kernels::paged_attention(ws.q.data(), q_dim, ws.sequences, kv.layer_view(static_cast<int>(layer)),
                              static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), hd, attn_scale,
                              ws.attn.data(), q_dim, pass.pool);
+  }
+  if (c.gated_attention) {
+    OpTimer timer(pass.prof, Op::kAttention);
+    pass.pool.parallel_for(n, 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b * q_dim; i < e * q_dim; ++i)
+        ws.attn[static_cast<size_t>(i)] *= 1.0f / (1.0f + std::exp(-ws.attn_gate[static_cast<size_t>(i)]));
+    });
   }
   {
     OpTimer timer(pass.prof, Op::kOutProj);

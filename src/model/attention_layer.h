@@ -1,4 +1,5 @@
-// The full (softmax) attention layer kind of llama, qwen2 and qwen3: RMSNorm,
+// The full (softmax) attention layer kind of llama, qwen2, qwen3, qwen3moe and
+// qwen3next: RMSNorm,
 // the Q/K/V projections (optional biases, optional per-head norms), RoPE, K
 // and V written to the paged pool, attention over the pool, the output
 // projection added to the residual.
@@ -33,7 +34,9 @@ struct AttentionWeights {
 AttentionWeights load_attention(const gguf::File& f, const std::string& prefix, const ModelConfig& c);
 
 // Adds the layer's attention output to pass.ws.x, writing its K and V for
-// every row into pass.kv first.
-void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t layer);
+// every row into layer `kv_layer` of pass.kv first. With
+// ModelConfig::gated_attention (qwen3next), Q's rows are each head's query
+// then its gate, and the attention output is multiplied by sigmoid(gate).
+void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_layer);
 
 }  // namespace tandem

@@ -12,10 +12,14 @@ namespace tandem {
 // at consecutive positions, with the block table that maps its positions
 // 0..last to KV pool blocks (position p lives in block_table[p / block_size],
 // slot p % block_size).
+// A hybrid model's sequence also names its recurrent-state slot in the pool
+// (KvPool::state_slot): a chunk starting at position 0 begins from a zero
+// state, any other continues the slot's state (its last position's).
 struct BatchSequence {
   int32_t first_row = 0;
   int32_t n_tokens = 0;
   std::vector<int32_t> block_table;
+  int32_t state_slot = -1;  // -1: none (models without recurrent layers)
 };
 
 struct Batch {
@@ -28,13 +32,14 @@ struct Batch {
   // Appends `tokens` of one sequence at positions first_position, ...; asks
   // for the logits of its last row when want_logits. Returns that row.
   int32_t add_sequence(std::span<const int32_t> seq_tokens, int32_t first_position, std::vector<int32_t> block_table,
-                       bool want_logits);
+                       bool want_logits, int32_t state_slot = -1);
   int32_t n_rows() const { return static_cast<int32_t>(tokens.size()); }
 };
 
 inline int32_t Batch::add_sequence(std::span<const int32_t> seq_tokens, int32_t first_position,
-                                   std::vector<int32_t> block_table, bool want_logits) {
+                                   std::vector<int32_t> block_table, bool want_logits, int32_t state_slot) {
   BatchSequence s;
+  s.state_slot = state_slot;
   s.first_row = n_rows();
   s.n_tokens = static_cast<int32_t>(seq_tokens.size());
   s.block_table = std::move(block_table);

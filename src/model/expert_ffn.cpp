@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
 
 #include "gguf/gguf.h"
 #include "kernels/ops.h"
@@ -20,11 +21,19 @@ uint64_t bytes_of(const kernels::WeightMatrix& w) { return static_cast<uint64_t>
 
 ExpertFfnWeights load_expert_ffn(const gguf::File& f, const std::string& p, const ModelConfig& c) {
   ExpertFfnWeights w;
-  w.ffn_norm = weight_vector(f, p + "ffn_norm.weight", c.n_embd);
+  w.ffn_norm = weight_vector(f, p + (c.arch == "qwen3next" ? "post_attention_norm.weight" : "ffn_norm.weight"), c.n_embd);
   w.router = weight_matrix(f, p + "ffn_gate_inp.weight", c.n_embd, c.n_expert);
   w.gate = expert_matrices(f, p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert);
   w.up = expert_matrices(f, p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert);
   w.down = expert_matrices(f, p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd, c.n_expert);
+  if (f.find_tensor(p + "ffn_up_shexp.weight") != nullptr) {
+    const int64_t F = c.n_ff_shexp > 0 ? c.n_ff_shexp : c.n_ff;
+    w.has_shared = true;
+    w.shared_gate_inp = weight_matrix(f, p + "ffn_gate_inp_shexp.weight", c.n_embd, 1);
+    w.shared_gate = weight_matrix(f, p + "ffn_gate_shexp.weight", c.n_embd, F);
+    w.shared_up = weight_matrix(f, p + "ffn_up_shexp.weight", c.n_embd, F);
+    w.shared_down = weight_matrix(f, p + "ffn_down_shexp.weight", F, c.n_embd);
+  }
   return w;
 }
 
@@ -32,11 +41,16 @@ std::vector<kernels::WeightMatrix*> ExpertFfnWeights::matrices() {
   std::vector<kernels::WeightMatrix*> all{&router};
   for (auto* experts : {&gate, &up, &down})
     for (kernels::WeightMatrix& m : *experts) all.push_back(&m);
+  if (has_shared)
+    for (kernels::WeightMatrix* m : {&shared_gate_inp, &shared_gate, &shared_up, &shared_down}) all.push_back(m);
   return all;
 }
 
 uint64_t ExpertFfnWeights::bytes_per_token(int64_t n_used) const {
-  return bytes_of(router) + static_cast<uint64_t>(n_used) * (bytes_of(gate[0]) + bytes_of(up[0]) + bytes_of(down[0]));
+  const uint64_t shared =
+      has_shared ? bytes_of(shared_gate_inp) + bytes_of(shared_gate) + bytes_of(shared_up) + bytes_of(shared_down) : 0;
+  return bytes_of(router) + shared +
+         static_cast<uint64_t>(n_used) * (bytes_of(gate[0]) + bytes_of(up[0]) + bytes_of(down[0]));
 }
 
 void route_token(const float* logits, int64_t n_expert, int64_t n_used, float scale, int32_t* experts,
@@ -78,7 +92,10 @@ void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
   {
     OpTimer timer(pass.prof, Op::kRoute);
     ws.router_logits.resize(size(n, X));
-    kernels::matmul(w.router, xn, E, n, ws.router_logits.data(), X, pass.pool);
+    ws.shared_gate.resize(static_cast<size_t>(n));
+    const kernels::MatmulOutput routers[] = {{&w.router, ws.router_logits.data(), X},
+                                             {&w.shared_gate_inp, ws.shared_gate.data(), 1}};
+    kernels::matmul(std::span(routers, w.has_shared ? 2 : 1), kernels::MatmulInput{xn, E}, n, pass.pool);
     pass.account(Op::kRoute, {&w.router}, n);
     // Slot (t, s) is row t's s-th ranked expert.
     ws.expert_of_slot.resize(size(n, K));
@@ -104,6 +121,10 @@ void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
   ws.expert_gate.resize(size(n * K, F));
   ws.expert_up.resize(size(n * K, F));
   ws.expert_out.resize(size(n * K, E));
+  const int64_t Fs = w.has_shared ? w.shared_gate.rows : 0;
+  ws.shared_gate_up.resize(size(2 * n, Fs));
+  float* sg = ws.shared_gate_up.data();
+  float* su = sg + n * Fs;
   auto rows_of = [&](int64_t e) {
     const int32_t b = ws.expert_first_row[static_cast<size_t>(e)];
     return std::pair<int32_t, int32_t>{b, ws.expert_first_row[static_cast<size_t>(e + 1)] - b};
@@ -118,14 +139,28 @@ void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
       ws.expert_tasks.push_back({{&w.gate[static_cast<size_t>(e)], ws.expert_gate.data() + first * F, F}, {in, E}, count});
       ws.expert_tasks.push_back({{&w.up[static_cast<size_t>(e)], ws.expert_up.data() + first * F, F}, {in, E}, count});
     }
+    // The shared expert runs every row: in the same region when its width is the experts'.
+    if (w.has_shared && Fs == F) {
+      ws.expert_tasks.push_back({{&w.shared_gate, sg, Fs}, {xn, E}, n});
+      ws.expert_tasks.push_back({{&w.shared_up, su, Fs}, {xn, E}, n});
+    }
     // SwiGLU in the epilogue: each thread computes the same rows of an expert's gate and up.
     auto swiglu = [&](size_t index, int64_t b, int64_t e) {
       if (index % 2 != 1) return;
       const kernels::MatmulTask& up = ws.expert_tasks[index];
       float* g = ws.expert_tasks[index - 1].out.y;
-      for (int64_t t = 0; t < up.n_tokens; ++t) kernels::silu_mul(g + t * F + b, up.out.y + t * F + b, e - b);
+      const int64_t ld = up.out.ldy;
+      for (int64_t t = 0; t < up.n_tokens; ++t) kernels::silu_mul(g + t * ld + b, up.out.y + t * ld + b, e - b);
     };
     kernels::matmul_tasks(ws.expert_tasks, pass.pool, kernels::MatmulSplit{.same_rows = true}, swiglu);
+    if (w.has_shared && Fs != F) {
+      const kernels::MatmulOutput shared[] = {{&w.shared_gate, sg, Fs}, {&w.shared_up, su, Fs}};
+      kernels::matmul(shared, kernels::MatmulInput{xn, E}, n, pass.pool, kernels::MatmulSplit{.same_rows = true},
+                      [&](size_t index, int64_t b, int64_t e) {
+                        if (index == 1)
+                          for (int64_t t = 0; t < n; ++t) kernels::silu_mul(sg + t * Fs + b, su + t * Fs + b, e - b);
+                      });
+    }
     if (pass.prof != nullptr)
       for (const kernels::MatmulTask& t : ws.expert_tasks) pass.account(Op::kGateUp, {t.out.w}, t.n_tokens);
   }
@@ -139,6 +174,8 @@ void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
                                  {ws.expert_gate.data() + first * F, F},
                                  count});
     }
+    ws.shared_out.resize(size(n, E));
+    if (w.has_shared) ws.expert_tasks.push_back({{&w.shared_down, ws.shared_out.data(), E}, {sg, Fs}, n});
     kernels::matmul_tasks(ws.expert_tasks, pass.pool, kernels::MatmulSplit{.same_rows = true});
     if (pass.prof != nullptr)
       for (const kernels::MatmulTask& t : ws.expert_tasks) pass.account(Op::kDown, {t.out.w}, t.n_tokens);
@@ -158,6 +195,12 @@ void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
           for (int64_t i = 0; i < E; ++i) acc[static_cast<size_t>(i)] = wt * o[i];
         else
           for (int64_t i = 0; i < E; ++i) acc[static_cast<size_t>(i)] += wt * o[i];
+      }
+      if (w.has_shared) {
+        // llama.cpp: moe_out + shared * sigmoid(gate).
+        const float g = 1.0f / (1.0f + std::exp(-ws.shared_gate[static_cast<size_t>(t)]));
+        const float* y = ws.shared_out.data() + t * E;
+        for (int64_t i = 0; i < E; ++i) acc[static_cast<size_t>(i)] += y[i] * g;
       }
       kernels::add_inplace(ws.x.data() + t * E, acc.data(), E);
     }

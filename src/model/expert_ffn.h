@@ -1,7 +1,9 @@
-// The routed-experts feed-forward layer kind (qwen3moe): RMSNorm, a router
-// that ranks the experts per token (softmax, top n_expert_used, weights
-// renormalised to sum 1), each chosen expert's SwiGLU FFN over the rows sent
-// to it, and the weighted sum of a row's expert outputs added to the residual.
+// The routed-experts feed-forward layer kind (qwen3moe, qwen3next): RMSNorm,
+// a router that ranks the experts per token (softmax, top n_expert_used,
+// weights renormalised to sum 1), each chosen expert's SwiGLU FFN over the
+// rows sent to it, and the weighted sum of a row's expert outputs added to
+// the residual. qwen3next adds a shared expert every token runs, scaled by
+// sigmoid(its gate . x), and names the norm post_attention_norm.
 //
 // Batch invariance: a row's expert outputs come from batch-invariant kernels
 // over its own row, and a row sums them in its own rank order, so its result
@@ -25,9 +27,12 @@ struct ExpertFfnWeights {
   const float* ffn_norm = nullptr;
   kernels::WeightMatrix router;                      // ffn_gate_inp: n_expert rows
   std::vector<kernels::WeightMatrix> gate, up, down;  // one per expert
+  bool has_shared = false;
+  kernels::WeightMatrix shared_gate_inp;  // one row: the shared expert's gate
+  kernels::WeightMatrix shared_gate, shared_up, shared_down;
 
   std::vector<kernels::WeightMatrix*> matrices();
-  // Weight bytes one token reads: the router and n_used experts.
+  // Weight bytes one token reads: the router, n_used experts, the shared expert.
   uint64_t bytes_per_token(int64_t n_used) const;
 };
 

@@ -34,7 +34,28 @@ const std::vector<ModelPreset>& moe_presets() {
   return kPresets;
 }
 
-bool is_moe(const std::string& arch) { return arch == "qwen3moe"; }
+const std::vector<ModelPreset>& hybrid_presets() {
+  auto preset = [](std::string name, int64_t E, int64_t L, int64_t H, int64_t KV, int64_t D, int64_t V, int64_t ctx,
+                   int64_t X, int64_t K, int64_t F, int64_t S, int64_t hk, int64_t hv) {
+    ModelPreset p{std::move(name), E, L, H, KV, 4 * F, V, ctx, false, X, K, F};
+    p.n_ff_shexp = F;
+    p.head_dim = D;
+    p.ssm_d_conv = 4;
+    p.ssm_d_state = S;
+    p.ssm_n_k_heads = hk;
+    p.ssm_n_v_heads = hv;
+    p.full_attention_interval = 4;
+    return p;
+  };
+  static const std::vector<ModelPreset> kPresets = {
+      preset("tiny", 64, 4, 4, 2, 16, 1024, 512, 8, 2, 64, 16, 2, 4),
+      preset("small", 1024, 8, 8, 2, 128, 32000, 4096, 16, 4, 384, 64, 4, 8),
+  };
+  return kPresets;
+}
+
+bool is_hybrid(const std::string& arch) { return arch == "qwen3next"; }
+bool is_moe(const std::string& arch) { return arch == "qwen3moe" || is_hybrid(arch); }
 
 // splitmix64: a tiny, portable generator (the standard library's
 // distributions differ between implementations, which would break "same
@@ -127,7 +148,7 @@ class Builder {
 
 const ModelPreset& find_preset(const std::string& name, const std::string& arch) {
   const bool moe = is_moe(arch);
-  for (const auto& p : moe ? moe_presets() : presets())
+  for (const auto& p : is_hybrid(arch) ? hybrid_presets() : moe ? moe_presets() : presets())
     if (p.name == name) return p;
   throw Error("unknown preset '" + name + "' for " + arch + ": expected one of " +
               (moe ? "tiny, small" : "tiny, small, base"));
@@ -141,11 +162,12 @@ std::vector<std::string> preset_names() {
 
 void make_model(const MakeModelOptions& o, const std::string& path) {
   if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3" && !is_moe(o.arch))
-    throw Error("unknown architecture '" + o.arch + "': expected one of llama, qwen2, qwen3, qwen3moe");
+    throw Error("unknown architecture '" + o.arch + "': expected one of llama, qwen2, qwen3, qwen3moe, qwen3next");
   const ModelPreset& p = find_preset(o.preset, o.arch);
   const bool moe = is_moe(o.arch);
   const bool qk_norm = o.arch == "qwen3" || moe;
-  const int64_t head_dim = p.n_embd / p.n_head;
+  const int64_t head_dim = p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
+  const bool hybrid = is_hybrid(o.arch);
   const int64_t q_dim = p.n_head * head_dim;
   const int64_t kv_dim = p.n_head_kv * head_dim;
   const bool llama = o.arch == "llama";
@@ -165,11 +187,21 @@ void make_model(const MakeModelOptions& o, const std::string& path) {
   w.set(a + ".attention.head_count_kv", gguf::Value::make_u32(static_cast<uint32_t>(p.n_head_kv)));
   w.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::make_f32(llama ? 1e-5f : 1e-6f));
   w.set(a + ".rope.freq_base", gguf::Value::make_f32(llama ? 10000.0f : 1000000.0f));
-  w.set(a + ".rope.dimension_count", gguf::Value::make_u32(static_cast<uint32_t>(head_dim)));
+  // qwen3next rotates a quarter of each head (partial_rotary_factor 0.25).
+  w.set(a + ".rope.dimension_count", gguf::Value::make_u32(static_cast<uint32_t>(hybrid ? head_dim / 4 : head_dim)));
   if (moe) {
     w.set(a + ".expert_count", gguf::Value::make_u32(static_cast<uint32_t>(p.n_expert)));
     w.set(a + ".expert_used_count", gguf::Value::make_u32(static_cast<uint32_t>(p.n_expert_used)));
     w.set(a + ".expert_feed_forward_length", gguf::Value::make_u32(static_cast<uint32_t>(p.n_ff_exp)));
+  }
+  if (hybrid) {
+    w.set(a + ".expert_shared_feed_forward_length", gguf::Value::make_u32(static_cast<uint32_t>(p.n_ff_shexp)));
+    w.set(a + ".ssm.conv_kernel", gguf::Value::make_u32(static_cast<uint32_t>(p.ssm_d_conv)));
+    w.set(a + ".ssm.state_size", gguf::Value::make_u32(static_cast<uint32_t>(p.ssm_d_state)));
+    w.set(a + ".ssm.group_count", gguf::Value::make_u32(static_cast<uint32_t>(p.ssm_n_k_heads)));
+    w.set(a + ".ssm.time_step_rank", gguf::Value::make_u32(static_cast<uint32_t>(p.ssm_n_v_heads)));
+    w.set(a + ".ssm.inner_size", gguf::Value::make_u32(static_cast<uint32_t>(p.ssm_d_state * p.ssm_n_v_heads)));
+    w.set(a + ".full_attention_interval", gguf::Value::make_u32(static_cast<uint32_t>(p.full_attention_interval)));
   }
   if (qk_norm) {
     w.set(a + ".attention.key_length", gguf::Value::make_u32(static_cast<uint32_t>(head_dim)));
@@ -204,7 +236,20 @@ void make_model(const MakeModelOptions& o, const std::string& path) {
   for (int64_t l = 0; l < p.n_layer; ++l) {
     const std::string pre = "blk." + std::to_string(l) + ".";
     b.vector(pre + "attn_norm.weight", p.n_embd, 1.0f, 0.1f);
-    b.matrix(pre + "attn_q.weight", p.n_embd, q_dim, inv_sqrt(p.n_embd));
+    if (hybrid && (l + 1) % p.full_attention_interval != 0) {
+      // A gated delta-net layer (llama.cpp's tensor names and shapes).
+      const int64_t key_dim = p.ssm_d_state * p.ssm_n_k_heads, value_dim = p.ssm_d_state * p.ssm_n_v_heads;
+      const int64_t channels = 2 * key_dim + value_dim;
+      b.matrix(pre + "attn_qkv.weight", p.n_embd, channels, inv_sqrt(p.n_embd));
+      b.matrix(pre + "attn_gate.weight", p.n_embd, value_dim, inv_sqrt(p.n_embd));
+      b.matrix(pre + "ssm_ba.weight", p.n_embd, 2 * p.ssm_n_v_heads, inv_sqrt(p.n_embd));
+      b.matrix(pre + "ssm_conv1d.weight", p.ssm_d_conv, channels, 0.5f, 0, DType::kF32);
+      b.vector(pre + "ssm_dt.bias", p.ssm_n_v_heads, 0.0f, 0.5f);
+      b.vector(pre + "ssm_a", p.ssm_n_v_heads, -1.0f, 0.5f);  // -exp(A_log)
+      b.vector(pre + "ssm_norm.weight", p.ssm_d_state, 1.0f, 0.1f);
+      b.matrix(pre + "ssm_out.weight", value_dim, p.n_embd, inv_sqrt(value_dim));
+    } else {
+    b.matrix(pre + "attn_q.weight", p.n_embd, hybrid ? 2 * q_dim : q_dim, inv_sqrt(p.n_embd));
     b.matrix(pre + "attn_k.weight", p.n_embd, kv_dim, inv_sqrt(p.n_embd));
     b.matrix(pre + "attn_v.weight", p.n_embd, kv_dim, inv_sqrt(p.n_embd));
     if (a == "qwen2") {
@@ -217,13 +262,20 @@ void make_model(const MakeModelOptions& o, const std::string& path) {
       b.vector(pre + "attn_k_norm.weight", head_dim, 1.0f, 0.1f);
     }
     b.matrix(pre + "attn_output.weight", q_dim, p.n_embd, inv_sqrt(q_dim));
-    b.vector(pre + "ffn_norm.weight", p.n_embd, 1.0f, 0.1f);
+    }
+    b.vector(pre + (hybrid ? "post_attention_norm.weight" : "ffn_norm.weight"), p.n_embd, 1.0f, 0.1f);
     if (moe) {
       // Router logits of unit size, so a token's experts are clearly ranked.
       b.matrix(pre + "ffn_gate_inp.weight", p.n_embd, p.n_expert, 2.0f * inv_sqrt(p.n_embd), 0, DType::kF32);
       b.matrix(pre + "ffn_gate_exps.weight", p.n_embd, p.n_ff_exp, inv_sqrt(p.n_embd), p.n_expert);
       b.matrix(pre + "ffn_up_exps.weight", p.n_embd, p.n_ff_exp, inv_sqrt(p.n_embd), p.n_expert);
       b.matrix(pre + "ffn_down_exps.weight", p.n_ff_exp, p.n_embd, inv_sqrt(p.n_ff_exp), p.n_expert);
+      if (hybrid) {
+        b.vector(pre + "ffn_gate_inp_shexp.weight", p.n_embd, 0.0f, 2.0f * std::sqrt(3.0f) * inv_sqrt(p.n_embd));
+        b.matrix(pre + "ffn_gate_shexp.weight", p.n_embd, p.n_ff_shexp, inv_sqrt(p.n_embd));
+        b.matrix(pre + "ffn_up_shexp.weight", p.n_embd, p.n_ff_shexp, inv_sqrt(p.n_embd));
+        b.matrix(pre + "ffn_down_shexp.weight", p.n_ff_shexp, p.n_embd, inv_sqrt(p.n_ff_shexp));
+      }
       continue;
     }
     b.matrix(pre + "ffn_gate.weight", p.n_embd, p.n_ff, inv_sqrt(p.n_embd));

@@ -17,17 +17,24 @@ struct ModelPreset {
   bool tied_embeddings;
   // Routed experts (MoE architectures only; 0 otherwise).
   int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
+  // qwen3next: the shared expert, the attention head size (0: n_embd /
+  // n_head), and the gated delta-net layers (all but every
+  // full_attention_interval-th).
+  int64_t n_ff_shexp = 0, head_dim = 0;
+  int64_t ssm_d_conv = 0, ssm_d_state = 0, ssm_n_k_heads = 0, ssm_n_v_heads = 0, full_attention_interval = 0;
 };
 
 // Dense architectures: tiny (tests, < 5 MB), small (~336M parameters), base
 // (Qwen2.5-0.5B shape). qwen3moe: tiny (8 experts, top 2) and small (16
 // experts, top 4, ~240M parameters of which ~90M active per token).
+// qwen3next: tiny (4 layers, 1 attention) and small (8 layers, 2 attention,
+// 16 experts, top 4).
 const ModelPreset& find_preset(const std::string& name, const std::string& arch = "llama");
 std::vector<std::string> preset_names();
 
 struct MakeModelOptions {
   std::string preset = "tiny";
-  std::string arch = "llama";  // llama, qwen2, qwen3, qwen3moe
+  std::string arch = "llama";  // llama, qwen2, qwen3, qwen3moe, qwen3next
   kernels::DType dtype = kernels::DType::kF16;
   uint64_t seed = 0;
 };

@@ -60,7 +60,14 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
     Layer& layer = m->layers_[static_cast<size_t>(l)];
     layer.plan = plan[static_cast<size_t>(l)];
     switch (layer.plan.mixer) {
-      case MixerKind::kFullAttention: layer.attn = load_attention(f, p, c); break;
+      case MixerKind::kFullAttention:
+        layer.attn = load_attention(f, p, c);
+        layer.kv_layer = c.kv_layer(l);
+        break;
+      case MixerKind::kGatedDeltaNet:
+        layer.delta = load_delta_net(f, p, c);
+        layer.state_layer = c.state_layer(l);
+        break;
     }
     switch (layer.plan.ffn) {
       case FfnKind::kDense: layer.ffn = load_dense_ffn(f, p, c); break;
@@ -117,6 +124,7 @@ std::vector<WeightMatrix*> Layer::matrices() {
   std::vector<WeightMatrix*> all;
   switch (plan.mixer) {
     case MixerKind::kFullAttention: all = attn.matrices(); break;
+    case MixerKind::kGatedDeltaNet: all = delta.matrices(); break;
   }
   std::vector<WeightMatrix*> ffn_matrices;
   switch (plan.ffn) {
@@ -125,6 +133,12 @@ std::vector<WeightMatrix*> Layer::matrices() {
   }
   all.insert(all.end(), ffn_matrices.begin(), ffn_matrices.end());
   return all;
+}
+
+DType Model::weight_dtype() const {
+  for (const Layer& layer : layers_)
+    if (layer.plan.mixer == MixerKind::kFullAttention) return layer.attn.wq.type;
+  return layers_[0].delta.wqkv.type;
 }
 
 uint64_t Layer::bytes_per_token(const ModelConfig& c) {
@@ -139,9 +153,13 @@ uint64_t Layer::bytes_per_token(const ModelConfig& c) {
 
 
 
-KvPoolShape Model::kv_shape(int64_t n_blocks, int block_size, DType dtype) const {
+KvPoolShape Model::kv_shape(int64_t n_blocks, int block_size, DType dtype, int64_t n_state_slots) const {
   KvPoolShape s;
-  s.n_layers = static_cast<int>(config_.n_layer);
+  s.n_layers = static_cast<int>(config_.n_attention_layers());
+  if (config_.hybrid()) {
+    s.n_state_slots = n_state_slots;
+    s.state_slot_bytes = state_slot_bytes(config_);
+  }
   s.n_kv_heads = static_cast<int>(config_.n_head_kv);
   s.head_dim = static_cast<int>(config_.head_dim);
   s.block_size = block_size;
@@ -152,8 +170,18 @@ KvPoolShape Model::kv_shape(int64_t n_blocks, int block_size, DType dtype) const
 
 void Model::check_batch(const Batch& b, const KvPool& kv) const {
   const KvPoolShape& s = kv.shape();
-  TANDEM_ASSERT(s.n_layers == config_.n_layer && s.n_kv_heads == config_.n_head_kv && s.head_dim == config_.head_dim,
+  TANDEM_ASSERT(s.n_layers == config_.n_attention_layers() && s.n_kv_heads == config_.n_head_kv &&
+                    s.head_dim == config_.head_dim,
                 "KV pool shape does not match the model");
+  if (config_.hybrid()) {
+    TANDEM_ASSERT(s.state_slot_bytes == state_slot_bytes(config_), "state slots do not match the model");
+    std::vector<bool> slot_used(static_cast<size_t>(s.n_state_slots), false);
+    for (const BatchSequence& seq : b.sequences) {
+      TANDEM_ASSERT(seq.state_slot >= 0 && seq.state_slot < s.n_state_slots, "a hybrid model's sequence needs its state slot");
+      TANDEM_ASSERT(!slot_used[static_cast<size_t>(seq.state_slot)], "two sequences of a batch share a state slot");
+      slot_used[static_cast<size_t>(seq.state_slot)] = true;
+    }
+  }
   TANDEM_ASSERT(b.positions.size() == b.tokens.size());
   std::vector<bool> covered(b.tokens.size(), false);
   for (const BatchSequence& seq : b.sequences) {
@@ -206,11 +234,16 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   ws_.sin.resize(size(n, half_rot));
   // Attention's view of each sequence, and each row's KV slot.
   ws_.sequences.clear();
+  ws_.state_slots.clear();
   ws_.slot_of_row.resize(static_cast<size_t>(n));
   const int block_size = kv.shape().block_size;
   for (const BatchSequence& seq : batch.sequences) {
     ws_.sequences.push_back({seq.first_row, seq.n_tokens, batch.positions[static_cast<size_t>(seq.first_row)],
                              seq.block_table.data(), static_cast<int32_t>(seq.block_table.size())});
+    ws_.state_slots.push_back(seq.state_slot);
+    // A sequence starting over (a new prompt, a recompute) starts from a zero state.
+    if (c.hybrid() && batch.positions[static_cast<size_t>(seq.first_row)] == 0)
+      std::memset(kv.state_slot(seq.state_slot), 0, kv.shape().state_slot_bytes);
     for (int32_t i = 0; i < seq.n_tokens; ++i) {
       const auto row = static_cast<size_t>(seq.first_row + i);
       const int32_t pos = batch.positions[row];
@@ -239,7 +272,8 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const Layer& layer = layers_[static_cast<size_t>(l)];
     switch (layer.plan.mixer) {
-      case MixerKind::kFullAttention: run_attention(pass, layer.attn, l); break;
+      case MixerKind::kFullAttention: run_attention(pass, layer.attn, layer.kv_layer); break;
+      case MixerKind::kGatedDeltaNet: run_delta_net(pass, layer.delta, layer.state_layer); break;
     }
     switch (layer.plan.ffn) {
       case FfnKind::kDense: run_dense_ffn(pass, layer.ffn); break;
@@ -263,7 +297,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
 std::string_view name(Op op) {
   static constexpr std::array<std::string_view, kOpCount> names = {
       "embed", "rms_norm", "qkv_matmul", "rope_angles", "attention", "out_proj", "gate_up_matmul", "down_matmul",
-      "moe_route", "lm_head"};
+      "moe_route", "recurrent", "lm_head"};
   return names[static_cast<size_t>(op)];
 }
 

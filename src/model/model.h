@@ -1,4 +1,4 @@
-// A transformer (llama, qwen2, qwen3, qwen3moe) whose forward pass runs a flat batch of
+// A transformer (llama, qwen2, qwen3, qwen3moe, qwen3next) whose forward pass runs a flat batch of
 // rows from many sequences over a paged KV pool: embedding, then per layer
 // the kinds its architecture declares (architecture.h), then the LM head.
 //
@@ -20,6 +20,7 @@
 
 #include "model/architecture.h"
 #include "model/attention_layer.h"
+#include "model/delta_net_layer.h"
 #include "model/dense_ffn.h"
 #include "model/expert_ffn.h"
 #include "model/forward_pass.h"
@@ -42,7 +43,10 @@ class ThreadPool;
 // One layer: its kinds (architecture.h) and the weights of each.
 struct Layer {
   LayerPlan plan;
+  int64_t kv_layer = -1;     // attention: its layer in the KV pool
+  int64_t state_layer = -1;  // recurrent: its place in a state slot
   AttentionWeights attn;
+  DeltaNetWeights delta;
   DenseFfnWeights ffn;
   ExpertFfnWeights experts;
   std::vector<kernels::WeightMatrix*> matrices();
@@ -75,11 +79,12 @@ class Model {
   uint64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
   // Bytes of weights copied into the interleaved layout at load (0: plain).
   uint64_t interleaved_bytes() const { return interleaved_.size(); }
-  // The main weight dtype (of the attention Q projection), for reports.
-  kernels::DType weight_dtype() const { return layers_[0].attn.wq.type; }
+  // The main weight dtype (of the first attention layer's Q projection), for reports.
+  kernels::DType weight_dtype() const;
 
-  // A KV pool shape for this model.
-  KvPoolShape kv_shape(int64_t n_blocks, int block_size, kernels::DType dtype) const;
+  // A KV pool shape for this model: its attention layers' KV and, for a
+  // hybrid model, n_state_slots recurrent-state slots (one per live sequence).
+  KvPoolShape kv_shape(int64_t n_blocks, int block_size, kernels::DType dtype, int64_t n_state_slots = 16) const;
 
   // Runs the batch: writes each row's K and V into `kv` at its position and
   // stores the logits of batch.logit_rows, in order, into `logits`

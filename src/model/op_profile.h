@@ -22,9 +22,10 @@ enum class Op : uint8_t {
   kGateUp,     // gate and up projections (one grouped matmul) + SwiGLU (epilogue)
   kDown,       // down projection + residual (epilogue)
   kRoute,      // routed experts: router, choice, gather, weighted sum + residual
+  kRecurrent,  // gated delta-net: convolution, delta rule, gated norm
   kLmHead,     // final norm and vocabulary projection
 };
-constexpr int kOpCount = 10;
+constexpr int kOpCount = 11;
 std::string_view name(Op op);
 
 struct OpProfile {

@@ -52,7 +52,10 @@ WeightMatrix matrix_view(const gguf::File& f, const gguf::TensorInfo& t, int64_t
 
 WeightMatrix weight_matrix(const gguf::File& f, const std::string& name, int64_t cols, int64_t rows) {
   const gguf::TensorInfo& t = f.tensor(name);
-  if (t.dims.size() != 2 || static_cast<int64_t>(t.dims[0]) != cols || static_cast<int64_t>(t.dims[1]) != rows)
+  // A one-row matrix may be stored as a vector (qwen3next's shared-expert gate).
+  const bool vector_row = rows == 1 && t.dims.size() == 1 && static_cast<int64_t>(t.dims[0]) == cols;
+  if (!vector_row &&
+      (t.dims.size() != 2 || static_cast<int64_t>(t.dims[0]) != cols || static_cast<int64_t>(t.dims[1]) != rows))
     throw Error(f.path() + ": tensor '" + name + "' has shape " + t.shape_string() + ", expected " +
                 shape_text({cols, rows}));
   const WeightMatrix w = matrix_view(f, t, cols, rows, t.data);
