@@ -41,15 +41,18 @@ struct LoadedTinyModel {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 
-inline LoadedTinyModel& tiny_llama_f16() {
-  static LoadedTinyModel m = [] {
-    LoadedTinyModel x;
-    x.file = std::make_shared<const gguf::File>(gguf::File::open(tiny_model_path("llama", kernels::DType::kF16)));
-    x.model = Model::load(x.file);
-    x.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*x.file));
-    return x;
-  }();
-  return m;
+// The tiny f16 model of an architecture, loaded once.
+inline LoadedTinyModel& tiny_f16(const std::string& arch) {
+  static std::map<std::string, LoadedTinyModel> loaded;
+  auto it = loaded.find(arch);
+  if (it != loaded.end()) return it->second;
+  LoadedTinyModel x;
+  x.file = std::make_shared<const gguf::File>(gguf::File::open(tiny_model_path(arch, kernels::DType::kF16)));
+  x.model = Model::load(x.file);
+  x.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*x.file));
+  return loaded.emplace(arch, std::move(x)).first->second;
 }
+
+inline LoadedTinyModel& tiny_llama_f16() { return tiny_f16("llama"); }
 
 }  // namespace tandem::testing

@@ -40,7 +40,8 @@ struct Collected {
 
 class Harness {
  public:
-  explicit Harness(EngineConfig cfg) : engine_(*fixture().model, *fixture().tokenizer, cfg) {}
+  explicit Harness(EngineConfig cfg, testing::LoadedTinyModel& m = fixture())
+      : engine_(*m.model, *m.tokenizer, cfg) {}
 
   uint64_t submit(std::vector<int32_t> prompt, SamplingParams p) {
     const uint64_t id = next_id_++;
@@ -76,11 +77,13 @@ class Harness {
     EXPECT_FALSE(engine_.has_work());
   }
 
-  // After a drain nothing is owned: every block is free or cached.
+  // After a drain nothing is owned: every block is free or cached, every
+  // recurrent-state slot free.
   void expect_no_leak() {
     const BlockManagerStats s = engine_.kv_stats();
     EXPECT_EQ(s.owned, 0);
     EXPECT_EQ(s.free + s.cached, s.total);
+    EXPECT_EQ(engine_.state_slots_used(), 0);
   }
 
   EngineCore& engine() { return engine_; }
@@ -117,14 +120,13 @@ std::vector<int32_t> prompt_of(int n, int salt) {
 }
 
 // Greedy tokens of a prompt computed directly with the model, one sequence.
-std::vector<int32_t> greedy_alone(const std::vector<int32_t>& prompt, int n) {
-  Model& m = *fixture().model;
+std::vector<int32_t> greedy_alone(const std::vector<int32_t>& prompt, int n, Model& m = *fixture().model) {
   ThreadPool pool(1);
   KvPool kv(m.kv_shape(64, 16, kernels::DType::kF16));
   SimpleBlockAllocator alloc(64);
   const auto table = alloc.allocate(64);
   Batch b;
-  b.add_sequence(prompt, 0, table, true);
+  b.add_sequence(prompt, 0, table, true, 0);
   std::vector<float> logits = m.forward(b, kv, pool);
   std::vector<int32_t> out;
   int32_t pos = static_cast<int32_t>(prompt.size());
@@ -133,7 +135,7 @@ std::vector<int32_t> greedy_alone(const std::vector<int32_t>& prompt, int n) {
     out.push_back(t);
     Batch d;
     const int32_t one[] = {t};
-    d.add_sequence(one, pos++, table, true);
+    d.add_sequence(one, pos++, table, true, 0);
     logits = m.forward(d, kv, pool);
   }
   return out;
@@ -147,8 +149,16 @@ SamplingParams greedy(int max_tokens) {
   return p;
 }
 
-TEST(Engine, ConcurrentGreedyRequestsEqualTheirAloneOutput) {
-  Harness h(small_config());
+// The engine tests that every architecture must pass (dense, routed experts,
+// recurrent state): the model under test is the parameter.
+class EngineArchs : public ::testing::TestWithParam<std::string> {
+ protected:
+  testing::LoadedTinyModel& loaded() const { return testing::tiny_f16(GetParam()); }
+  Model& model() const { return *loaded().model; }
+};
+
+TEST_P(EngineArchs, ConcurrentGreedyRequestsEqualTheirAloneOutput) {
+  Harness h(small_config(), loaded());
   std::vector<uint64_t> ids;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 32; ++i) {
@@ -159,22 +169,22 @@ TEST(Engine, ConcurrentGreedyRequestsEqualTheirAloneOutput) {
   for (size_t i = 0; i < ids.size(); ++i) {
     const Collected& c = h.result(ids[i]);
     ASSERT_TRUE(c.finished);
-    EXPECT_EQ(c.tokens.at(0), greedy_alone(prompts[i], 4 + static_cast<int>(i) % 9)) << "request " << i;
+    EXPECT_EQ(c.tokens.at(0), greedy_alone(prompts[i], 4 + static_cast<int>(i) % 9, model())) << "request " << i;
     EXPECT_EQ(c.finish.at(0), FinishReason::kLength);
     EXPECT_EQ(c.outputs_after_finish, 0);
   }
   h.expect_no_leak();
 }
 
-TEST(Engine, PreemptionUnderASmallPoolKeepsGreedyOutput) {
+TEST_P(EngineArchs, PreemptionUnderASmallPoolKeepsGreedyOutput) {
   EngineConfig cfg = small_config();
   cfg.kv_cache_bytes = 0;  // computed below: room for few blocks
   {
-    Model& m = *fixture().model;
+    Model& m = model();
     cfg.kv_cache_bytes = static_cast<int64_t>(KvPool::bytes_per_block(m.kv_shape(1, cfg.block_size, cfg.kv_dtype))) * 24;
   }
   cfg.enable_prefix_caching = false;
-  Harness h(cfg);
+  Harness h(cfg, loaded());
   std::vector<uint64_t> ids;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) {
@@ -184,7 +194,7 @@ TEST(Engine, PreemptionUnderASmallPoolKeepsGreedyOutput) {
   h.run_until_idle();
   EXPECT_GT(h.engine().metrics().preemptions.load(), 0) << "the pool was meant to be too small for all at once";
   for (size_t i = 0; i < ids.size(); ++i)
-    EXPECT_EQ(h.result(ids[i]).tokens.at(0), greedy_alone(prompts[i], 24)) << "request " << i;
+    EXPECT_EQ(h.result(ids[i]).tokens.at(0), greedy_alone(prompts[i], 24, model())) << "request " << i;
   h.expect_no_leak();
 }
 
@@ -202,9 +212,9 @@ TEST(Engine, PrefixCacheReusesBlocksAndReportsCachedTokens) {
   h.expect_no_leak();
 }
 
-TEST(Engine, ParallelSamplingSiblingsForkAndAreReproducible) {
-  auto run = [](uint64_t seed, int salt_requests) {
-    Harness h(small_config());
+TEST_P(EngineArchs, ParallelSamplingSiblingsForkAndAreReproducible) {
+  auto run = [this](uint64_t seed, int salt_requests) {
+    Harness h(small_config(), loaded());
     for (int i = 0; i < salt_requests; ++i) h.submit(prompt_of(7 + i, 200 + i), greedy(6));
     SamplingParams p;
     p.temperature = 1.0f;
@@ -228,15 +238,15 @@ TEST(Engine, ParallelSamplingSiblingsForkAndAreReproducible) {
   EXPECT_NE(run(8, 0), alone);
 }
 
-TEST(Engine, GreedySiblingsAllEqualTheAloneOutput) {
-  Harness h(small_config());
+TEST_P(EngineArchs, GreedySiblingsAllEqualTheAloneOutput) {
+  Harness h(small_config(), loaded());
   SamplingParams p = greedy(10);
   p.n = 3;
   p.best_of = 3;
   const std::vector<int32_t> prompt = prompt_of(10, 3);
   const uint64_t id = h.submit(prompt, p);
   h.run_until_idle();
-  const auto want = greedy_alone(prompt, 10);
+  const auto want = greedy_alone(prompt, 10, model());
   for (int i = 0; i < 3; ++i) EXPECT_EQ(h.result(id).tokens.at(i), want);
   h.expect_no_leak();
 }
@@ -290,8 +300,8 @@ TEST(Engine, StopTokenStopStringAndMaxTokensEndSequences) {
   h.expect_no_leak();
 }
 
-TEST(Engine, AbortFreesEverythingInTheSameStep) {
-  Harness h(small_config());
+TEST_P(EngineArchs, AbortFreesEverythingInTheSameStep) {
+  Harness h(small_config(), loaded());
   const uint64_t a = h.submit(prompt_of(30, 1), greedy(200));
   const uint64_t b = h.submit(prompt_of(12, 2), greedy(10));
   for (int i = 0; i < 5; ++i) h.engine().step();
@@ -306,6 +316,82 @@ TEST(Engine, AbortFreesEverythingInTheSameStep) {
   EXPECT_TRUE(h.result(b).finished);
   h.expect_no_leak();
 }
+
+
+// A hybrid model (qwen3next): one recurrent-state slot per live sequence,
+// siblings' slots taken at admission, every slot back after the drain.
+TEST(EngineHybrid, StateSlotsBoundTheRunningSequencesAndAllComeBack) {
+  testing::LoadedTinyModel& m = testing::tiny_f16("qwen3next");
+  EngineConfig cfg = small_config();
+  cfg.max_num_seqs = 3;  // three slots
+  Harness h(cfg, m);
+  EXPECT_EQ(h.engine().state_slots_total(), 3);
+  SamplingParams p = greedy(6);
+  p.n = 3;
+  p.best_of = 3;
+  const std::vector<int32_t> prompt = prompt_of(9, 4);
+  const uint64_t a = h.submit(prompt, p);          // takes all three slots at admission
+  const uint64_t b = h.submit(prompt_of(5, 6), greedy(6));  // waits for a slot
+  int64_t most = 0;
+  bool b_waited = false;
+  while (h.engine().has_work()) {
+    h.engine().step();
+    most = std::max(most, h.engine().state_slots_used());
+    if (!h.is_finished(a)) b_waited |= h.result(b).tokens.empty();
+  }
+  EXPECT_EQ(most, 3);
+  EXPECT_TRUE(b_waited);
+  const auto want = greedy_alone(prompt, 6, *m.model);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(h.result(a).tokens.at(i), want) << "sibling " << i << " forks the prompt's state";
+  EXPECT_EQ(h.result(b).tokens.at(0), greedy_alone(prompt_of(5, 6), 6, *m.model));
+  h.expect_no_leak();
+}
+
+// Prefix caching is off for a model with recurrent state (a cached block has
+// no state after it), and says so in /metrics: the same prompt twice is
+// computed twice and gives the same tokens.
+TEST(EngineHybrid, PrefixCachingIsOffAndSaysWhy) {
+  testing::LoadedTinyModel& m = testing::tiny_f16("qwen3next");
+  Harness h(small_config(), m);
+  const std::vector<int32_t> prompt = prompt_of(22, 5);
+  const uint64_t a = h.submit(prompt, greedy(5));
+  h.run_until_idle();
+  const uint64_t b = h.submit(prompt, greedy(5));
+  h.run_until_idle();
+  EXPECT_EQ(h.result(b).cached_tokens, 0);
+  EXPECT_EQ(h.result(a).tokens.at(0), h.result(b).tokens.at(0));
+  EXPECT_TRUE(h.engine().metrics().prefix_caching_off_for_recurrent_state.load());
+  EXPECT_EQ(h.engine().kv_stats().prefix_hits_tokens, 0);
+  h.expect_no_leak();
+  // A dense model with caching on reports nothing off.
+  Harness dense(small_config());
+  EXPECT_FALSE(dense.engine().metrics().prefix_caching_off_for_recurrent_state.load());
+}
+
+TEST(EngineHybrid, RefusesWhatItCannotServeYetWithTheReason) {
+  testing::LoadedTinyModel& m = testing::tiny_f16("qwen3next");
+  EngineConfig cfg = small_config();
+  cfg.max_num_seqs = 2;
+  Harness h(cfg, m);
+  EngineRequest r;
+  r.id = 5;
+  r.prompt = prompt_of(6, 1);
+  r.params = greedy(4);
+  r.params.n = 3;
+  r.params.best_of = 3;
+  auto err = h.engine().add_request(r);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->find("3 recurrent-state slots"), std::string::npos) << *err;
+  r.params.n = r.params.best_of = 1;
+  r.kv_role = KvRole::kPrefillOnly;
+  err = h.engine().add_request(r);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->find("recurrent state does not move with the KV"), std::string::npos) << *err;
+  EXPECT_FALSE(h.engine().has_work());
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, EngineArchs, ::testing::Values("llama", "qwen3moe", "qwen3next"),
+                         [](const auto& info) { return info.param; });
 
 TEST(Engine, RejectsRequestsItCanNeverServe) {
   Harness h(small_config());

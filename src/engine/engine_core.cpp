@@ -55,19 +55,27 @@ EngineCore::EngineCore(Model& model, const Tokenizer& tokenizer, const EngineCon
     : model_(model), tokenizer_(tokenizer), config_(config) {
   const ModelConfig& mc = model.config();
   max_model_len_ = config.max_model_len > 0 ? std::min<int64_t>(config.max_model_len, mc.n_ctx_train) : mc.n_ctx_train;
-  KvPoolShape shape = model.kv_shape(1, config.block_size, config.kv_dtype);
+  // A hybrid model's state slots: one per sequence the running set can hold
+  // (siblings reserve theirs at admission), beside the KV budget.
+  KvPoolShape shape = model.kv_shape(1, config.block_size, config.kv_dtype, config.max_num_seqs);
   n_blocks_ = std::max<int64_t>(1, config.kv_cache_bytes / static_cast<int64_t>(KvPool::bytes_per_block(shape)));
   shape.n_blocks = n_blocks_;
   pool_ = std::make_unique<ThreadPool>(config.threads);
   kv_ = std::make_unique<KvPool>(shape);
+  if (mc.hybrid()) states_ = std::make_unique<StateSlots>(shape.n_state_slots);
   BlockManagerConfig bc;
   bc.n_blocks = n_blocks_;
   bc.block_size = config.block_size;
-  bc.enable_prefix_caching = config.enable_prefix_caching;
+  // A cached block holds KV, not the recurrent state after it: a hybrid
+  // model's prefix hit would start from a state it does not have.
+  bc.enable_prefix_caching = config.enable_prefix_caching && !mc.hybrid();
+  metrics_.prefix_caching_off_for_recurrent_state = config.enable_prefix_caching && mc.hybrid();
+  metrics_.state_slots_total = states_ ? states_->n_total() : 0;
   bc.salt = std::hash<std::string>{}(mc.arch + "/" + mc.name + "/" + std::to_string(mc.n_vocab) + "/" +
                                      std::to_string(mc.n_layer) + "/" + kernels::dtype_name(config.kv_dtype));
   blocks_ = std::make_unique<BlockManager>(bc);
-  scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs}, *blocks_);
+  scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs}, *blocks_,
+                                           states_.get());
   metrics_.kv_blocks_total = n_blocks_;
   kv_stats_ = blocks_->stats();
 }
@@ -108,6 +116,16 @@ std::optional<std::string> EngineCore::add_request(EngineRequest request, Refusa
   if (need > n_blocks_)
     return refuse(Refusal::kTooLargeForCache, "the request needs up to " + std::to_string(need) + " KV blocks but the cache holds " +
            std::to_string(n_blocks_) + "; lower max_tokens, n or best_of, or give the server more KV cache memory");
+  if (states_ && p.best_of > states_->n_total())
+    return refuse(Refusal::kTooLargeForCache, "the request needs " + std::to_string(p.best_of) +
+                                                  " recurrent-state slots (one per sequence of n/best_of) but the "
+                                                  "server has " + std::to_string(states_->n_total()) +
+                                                  "; lower n or best_of, or raise --max-num-seqs");
+  if (states_ && request.kv_role != KvRole::kLocal)
+    return refuse(Refusal::kInvalid, "prefill/decode disaggregation of a model with recurrent layers (" +
+                                         model_.config().arch +
+                                         ") is not supported yet: the recurrent state does not move with the KV; "
+                                         "serve it on one instance");
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t queued = static_cast<int64_t>(pending_adds_.size()) + metrics_.waiting.load();
@@ -163,6 +181,13 @@ bool EngineCore::has_work() const {
 BlockManagerStats EngineCore::kv_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return kv_stats_;
+}
+
+int64_t EngineCore::state_slots_total() const { return states_ ? states_->n_total() : 0; }
+
+int64_t EngineCore::state_slots_used() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_slots_used_;
 }
 
 void EngineCore::loop() {
@@ -234,6 +259,7 @@ void EngineCore::admit(EngineRequest&& req) {
   r->seqs.push_back(std::move(s));
   switch (r->req.kv_role) {
     case KvRole::kLocal:
+      seq->n_forks = r->req.params.best_of - 1;  // their state slots are taken at admission
       scheduler_->add_waiting(seq);
       break;
     case KvRole::kPrefillOnly:
@@ -394,9 +420,18 @@ void EngineCore::process_logits(SeqState& s, const float* logits, std::vector<Re
     child->blocks = s.blocks;
     child->hashes = s.hashes;
     for (int32_t b : child->blocks) blocks_->add_ref(b);
+    if (states_) {
+      // The sibling's state: a copy of the prompt's, in a slot reserved at admission.
+      TANDEM_ASSERT(!s.fork_slots.empty(), "a fork's state slot is reserved at admission");
+      child->state_slot = s.fork_slots.back();
+      s.fork_slots.pop_back();
+      std::memcpy(kv_->state_slot(child->state_slot), kv_->state_slot(s.state_slot), kv_->shape().state_slot_bytes);
+    }
     scheduler_->add_running_after(child.get(), &s);
     r.seqs.push_back(std::move(child));
   }
+  TANDEM_ASSERT(s.fork_slots.empty(), "every reserved state slot went to a sibling");
+  s.n_forks = 0;
   for (int32_t i = 0; i < best_of; ++i) append_token(r, *r.seqs[static_cast<size_t>(i)], firsts[static_cast<size_t>(i)]);
 }
 
@@ -439,10 +474,13 @@ bool EngineCore::step() {
   // blocks and no step would follow to show it.
   const auto publish = [this] {
     const BlockManagerStats st = blocks_->stats();
+    const int64_t slots_used = states_ ? states_->n_used() : 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       kv_stats_ = st;
+      state_slots_used_ = slots_used;
     }
+    metrics_.state_slots_used = slots_used;
     metrics_.running = scheduler_->n_running();
     metrics_.waiting = scheduler_->n_waiting();
     metrics_.kv_blocks_used = st.owned;
@@ -477,7 +515,8 @@ bool EngineCore::step() {
     auto* s = static_cast<SeqState*>(c.seq);
     const bool prefill_only = s->owner->req.kv_role == KvRole::kPrefillOnly;
     batch.add_sequence(std::span<const int32_t>(c.seq->tokens).subspan(static_cast<size_t>(c.start), static_cast<size_t>(c.length)),
-                       static_cast<int32_t>(c.start), c.seq->blocks, c.want_logits && !prefill_only);
+                       static_cast<int32_t>(c.start), c.seq->blocks, c.want_logits && !prefill_only,
+                       c.seq->state_slot);
     if (s->index == 0 && !s->owner->forked && !s->owner->cached_reported) {
       // The first chunk of a prompt starts after its cached prefix.
       s->owner->cached_reported = true;

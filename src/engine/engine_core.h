@@ -91,6 +91,10 @@ class EngineCore {
   int64_t max_waiting_requests() const { return config_.max_waiting_requests; }
   // Snapshot of the KV accounting (taken on the engine thread between steps).
   BlockManagerStats kv_stats() const;
+  // Recurrent-state slots (hybrid models; 0 otherwise), in all and in use
+  // (the same snapshot as kv_stats).
+  int64_t state_slots_total() const;
+  int64_t state_slots_used() const;
 
  private:
   struct SeqState;
@@ -118,6 +122,7 @@ class EngineCore {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvPool> kv_;
   std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<StateSlots> states_;  // hybrid models: the recurrent-state slots
   std::unique_ptr<Scheduler> scheduler_;
   std::map<uint64_t, std::unique_ptr<RequestState>> requests_;  // live requests
   uint64_t arrivals_ = 0;
@@ -132,6 +137,7 @@ class EngineCore {
   std::map<uint64_t, SeqState*> awaiting_remote_kv_;  // decode: allocated, KV not yet here
   std::deque<uint64_t> awaiting_allocation_;          // decode: admitted, blocks not yet free (FIFO)
   BlockManagerStats kv_stats_;
+  int64_t state_slots_used_ = 0;
   std::atomic<bool> running_{false};
   std::thread thread_;
   std::atomic<uint64_t> heartbeat_{0};

@@ -57,6 +57,10 @@ struct EngineMetrics {
   std::atomic<int64_t> kv_blocks_cached{0};  // evictable prefix-cache blocks
   std::atomic<int64_t> prefix_query_tokens{0};
   std::atomic<int64_t> prefix_hit_tokens{0};
+  std::atomic<int64_t> state_slots_total{0};  // hybrid models' recurrent-state slots
+  std::atomic<int64_t> state_slots_used{0};
+  // Prefix caching was asked for but is off: the model keeps recurrent state.
+  std::atomic<bool> prefix_caching_off_for_recurrent_state{false};
   std::atomic<int64_t> prompt_tokens{0};
   std::atomic<int64_t> generation_tokens{0};
   std::atomic<int64_t> preemptions{0};

@@ -12,7 +12,8 @@ bool arrived_before(const Sequence* a, const Sequence* b) {
 }
 }  // namespace
 
-Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks) : config_(config), blocks_(blocks) {
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks, StateSlots* states)
+    : config_(config), blocks_(blocks), states_(states) {
   TANDEM_ASSERT(config.max_num_batched_tokens > 0 && config.max_num_seqs > 0);
 }
 
@@ -42,12 +43,33 @@ void Scheduler::release_blocks(Sequence& seq) {
   seq.hashes.clear();
 }
 
+bool Scheduler::reserve_states(Sequence& seq) {
+  if (states_ == nullptr) return true;
+  const int64_t need = (seq.state_slot < 0 ? 1 : 0) + seq.n_forks - static_cast<int64_t>(seq.fork_slots.size());
+  if (need <= 0) return true;
+  auto got = states_->allocate(need);
+  if (!got) return false;
+  size_t next = 0;
+  if (seq.state_slot < 0) seq.state_slot = (*got)[next++];
+  for (; next < got->size(); ++next) seq.fork_slots.push_back((*got)[next]);
+  return true;
+}
+
+void Scheduler::release_states(Sequence& seq) {
+  if (states_ == nullptr) return;
+  if (seq.state_slot >= 0) states_->free(seq.state_slot);
+  states_->free(seq.fork_slots);
+  seq.state_slot = -1;
+  seq.fork_slots.clear();
+}
+
 void Scheduler::remove(Sequence* seq) {
   auto r = std::find(running_.begin(), running_.end(), seq);
   if (r != running_.end()) running_.erase(r);
   auto w = std::find(waiting_.begin(), waiting_.end(), seq);
   if (w != waiting_.end()) waiting_.erase(w);
   release_blocks(*seq);
+  release_states(*seq);
 }
 
 void Scheduler::detach(Sequence* seq) {
@@ -58,6 +80,7 @@ void Scheduler::detach(Sequence* seq) {
 
 void Scheduler::preempt(Sequence* seq) {
   release_blocks(*seq);
+  release_states(*seq);
   seq->n_computed = 0;
   add_waiting(seq);
 }
@@ -132,9 +155,11 @@ SchedulerOutput Scheduler::schedule() {
     }
     const int64_t remaining = static_cast<int64_t>(seq->tokens.size()) - seq->n_computed;
     const int64_t length = std::min(remaining, budget);
-    if (!reserve(*seq, seq->n_computed, length, out)) {
-      // Not enough blocks: give back the cached prefix and wait for a later step.
+    if (!reserve_states(*seq) || !reserve(*seq, seq->n_computed, length, out)) {
+      // Not enough blocks or state slots: give back the cached prefix and
+      // the slots, and wait for a later step.
       release_blocks(*seq);
+      release_states(*seq);
       seq->n_computed = 0;
       break;
     }

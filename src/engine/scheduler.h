@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kv/block_manager.h"
+#include "kv/state_slots.h"
 
 namespace tandem {
 
@@ -33,6 +34,11 @@ struct Sequence {
   std::vector<int32_t> blocks;
   std::vector<BlockHash> hashes;  // hashes of blocks[0 .. hashes.size()), committed to the cache
   bool finished = false;
+  // Hybrid models: the sequence's state slot, and the slots reserved for the
+  // n_forks siblings it will fork once its prompt is computed.
+  int32_t state_slot = -1;
+  int32_t n_forks = 0;
+  std::vector<int32_t> fork_slots;
 };
 
 struct ScheduledChunk {
@@ -56,7 +62,8 @@ struct SchedulerConfig {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerConfig& config, BlockManager& blocks);
+  // `states`: the state slots of a hybrid model (null: none needed).
+  Scheduler(const SchedulerConfig& config, BlockManager& blocks, StateSlots* states = nullptr);
 
   // A new sequence (a request's prompt) joins the waiting queue.
   void add_waiting(Sequence* seq);
@@ -67,10 +74,11 @@ class Scheduler {
   // behind others holding its blocks: a waiting queue whose head needs
   // blocks that a later entry holds would never move.
   void add_running(Sequence* seq);
-  // Removes a sequence from whichever queue holds it and releases its blocks.
+  // Removes a sequence from whichever queue holds it and releases its blocks
+  // and state slots.
   void remove(Sequence* seq);
-  // Removes a sequence from the running set and leaves its blocks to the
-  // caller (a P/D transfer takes over their references).
+  // Removes a sequence from the running set and leaves its blocks and state
+  // slot to the caller (a P/D transfer takes over their references).
   void detach(Sequence* seq);
 
   SchedulerOutput schedule();
@@ -88,9 +96,13 @@ class Scheduler {
   bool reserve(Sequence& seq, int64_t start, int64_t length, SchedulerOutput& out);
   void preempt(Sequence* seq);
   void release_blocks(Sequence& seq);
+  // Takes the state slots `seq` still lacks (its own, its forks'); false when too few are free.
+  bool reserve_states(Sequence& seq);
+  void release_states(Sequence& seq);
 
   SchedulerConfig config_;
   BlockManager& blocks_;
+  StateSlots* states_;
   std::vector<Sequence*> running_;  // arrival order
   std::deque<Sequence*> waiting_;   // arrival order
 };

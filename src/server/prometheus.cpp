@@ -57,6 +57,13 @@ std::string render_prometheus(const EngineMetrics& m, const std::string& model, 
   gauge("tandem_kv_cache_blocks_total", "KV blocks in the pool", total);
   gauge("tandem_kv_cache_blocks_cached", "Evictable blocks kept by the prefix cache",
         static_cast<double>(m.kv_blocks_cached.load()));
+  gauge("tandem_state_slots_total", "Recurrent-state slots (models with recurrent layers; one per live sequence)",
+        static_cast<double>(m.state_slots_total.load()));
+  gauge("tandem_state_slots_used", "Recurrent-state slots held by sequences", static_cast<double>(m.state_slots_used.load()));
+  header(out, "tandem_prefix_cache_disabled", "gauge",
+         "1 when prefix caching is off although asked for, with the reason");
+  line(out, "tandem_prefix_cache_disabled", l + ",reason=\"recurrent_state_not_cached\"",
+       m.prefix_caching_off_for_recurrent_state.load() ? 1 : 0);
   const double queries = static_cast<double>(m.prefix_query_tokens.load());
   gauge("tandem_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up",
         queries > 0 ? static_cast<double>(m.prefix_hit_tokens.load()) / queries : 0);
