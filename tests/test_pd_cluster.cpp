@@ -106,8 +106,9 @@ struct Cluster {
   int port = free_port();
   std::unique_ptr<Group> group;
   std::map<std::string, pid_t> pids;  // "router", "prefill 0", "decode 0", ...
-  Cluster(int prefill, int decode, const std::string& mode, const std::string& extra = "", int kv_cache_mb = 16) {
-    const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
+  Cluster(int prefill, int decode, const std::string& mode, const std::string& extra = "", int kv_cache_mb = 16,
+          const std::string& arch = "llama") {
+    const std::string model = testing::tiny_model_path(arch, kernels::DType::kF16);
     group = std::make_unique<Group>(std::string(TANDEM_BINARY) + " cluster --prefill " + std::to_string(prefill) +
                                     " --decode " + std::to_string(decode) + " --mode " + mode + " -m " + model +
                                     " --port " + std::to_string(port) + " --kv-cache-mb " + std::to_string(kv_cache_mb) +
@@ -136,8 +137,8 @@ struct Cluster {
 struct Single {
   std::unique_ptr<Group> group;
   int port = 0;
-  Single() {
-    const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
+  explicit Single(const std::string& arch = "llama") {
+    const std::string model = testing::tiny_model_path(arch, kernels::DType::kF16);
     group = std::make_unique<Group>(std::string(TANDEM_BINARY) + " serve -m " + model +
                                     " --port 0 -t 1 --kv-cache-mb 16");
     std::string line;
@@ -217,13 +218,14 @@ void expect_drained(int router_port) {
     for (int64_t until = monotonic_ms() + 10'000; monotonic_ms() < until && !drained;) {
       drained = metric(port, "tandem_kv_blocks_held_for_transfer") == 0 &&
                 metric(port, "tandem_num_requests_waiting_remote_kv") == 0 &&
-                metric(port, "tandem_kv_cache_usage_perc") == 0;
+                metric(port, "tandem_kv_cache_usage_perc") == 0 && metric(port, "tandem_state_slots_used") == 0;
       if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     EXPECT_TRUE(drained) << "instance on port " << port << " did not return to its baseline: held "
                          << metric(port, "tandem_kv_blocks_held_for_transfer") << ", waiting for KV "
                          << metric(port, "tandem_num_requests_waiting_remote_kv") << ", usage "
-                         << metric(port, "tandem_kv_cache_usage_perc");
+                         << metric(port, "tandem_kv_cache_usage_perc") << ", state slots "
+                         << metric(port, "tandem_state_slots_used");
   }
 }
 
@@ -234,14 +236,15 @@ json completion(const std::string& prompt, int max_tokens) {
 struct ClusterCase {
   std::string mode;
   std::string tls;
+  std::string arch = "llama";
 };
-void PrintTo(const ClusterCase& c, std::ostream* os) { *os << c.mode << " over " << c.tls; }
+void PrintTo(const ClusterCase& c, std::ostream* os) { *os << c.arch << " " << c.mode << " over " << c.tls; }
 
 class PdCluster : public ::testing::TestWithParam<ClusterCase> {};
 
 TEST_P(PdCluster, OneByOneThroughTheRouterEqualsOneInstance) {
-  Cluster c(1, 1, GetParam().mode, "--ucx-tls " + GetParam().tls);
-  Single single;
+  Cluster c(1, 1, GetParam().mode, "--ucx-tls " + GetParam().tls, 16, GetParam().arch);
+  Single single(GetParam().arch);
   ASSERT_TRUE(c.ready()) << c.group->log();
   ASSERT_GT(single.port, 0) << single.group->log();
   for (const std::string& p : {std::string("Hi"), std::string("Once upon a time"),
@@ -270,9 +273,14 @@ TEST_P(PdCluster, OneByOneThroughTheRouterEqualsOneInstance) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, PdCluster,
                          ::testing::Values(ClusterCase{"write", "tcp"}, ClusterCase{"read", "tcp"},
-                                           ClusterCase{"write", "tcp,sm,self"}, ClusterCase{"read", "tcp,sm,self"}),
+                                           ClusterCase{"write", "tcp,sm,self"}, ClusterCase{"read", "tcp,sm,self"},
+                                           // MoE, and the hybrid whose recurrent state moves with the KV
+                                           ClusterCase{"write", "tcp", "qwen3moe"},
+                                           ClusterCase{"write", "tcp", "qwen3next"},
+                                           ClusterCase{"read", "tcp", "qwen3next"}),
                          [](const auto& info) {
-                           return info.param.mode + (info.param.tls == "tcp" ? "_tcp" : "_shared_memory");
+                           return (info.param.arch == "llama" ? "" : info.param.arch + "_") + info.param.mode +
+                                  (info.param.tls == "tcp" ? "_tcp" : "_shared_memory");
                          });
 
 // 32 concurrent mixed requests (completions, chat, seeded n > 1) on 2P2D and

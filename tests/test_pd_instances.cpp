@@ -76,8 +76,8 @@ struct Instance {
   transport::UcxTransport* transport = nullptr;
 
   Instance(pd::Role role, pd::NodeId node, pd::TransferMode mode, const std::string& tls,
-           EngineConfig config = engine_config()) {
-    LoadedTinyModel& m = testing::tiny_llama_f16();
+           EngineConfig config = engine_config(), const std::string& arch = "llama", bool skip_state = false) {
+    LoadedTinyModel& m = testing::tiny_f16(arch);
     model = Model::load(m.file);
     engine = std::make_unique<EngineCore>(*model, *m.tokenizer, config);
     engine->start();
@@ -90,8 +90,8 @@ struct Instance {
     tc.self.role = role;
     tc.self.fingerprint = make_fingerprint(*m.file, pool.shape(), mode);
     tc.region = pool.data();
-    tc.region_bytes = pool.size_bytes();
-    tc.n_blocks = static_cast<int32_t>(pool.shape().n_blocks);
+    tc.region_bytes = pool.transfer_bytes();
+    tc.n_blocks = static_cast<int32_t>(pool.n_transfer_blocks());
     tc.block_bytes = pool.block_bytes();
     tc.tls = tls;
     auto t = std::make_unique<transport::UcxTransport>(tc);
@@ -99,6 +99,7 @@ struct Instance {
     TransferAgentConfig ac;
     ac.role = role;
     ac.node = node;
+    ac.mutation_skip_state_transfer = skip_state;
     agent = std::make_unique<TransferAgent>(*engine, std::move(t), ac);
     agent->start();
   }
@@ -131,16 +132,29 @@ bool eventually(const std::function<bool()>& done, int timeout_ms = 10000) {
   return done();
 }
 
+// Test-only switches of a cluster (mutations of the state transfer).
+struct Mutations {
+  bool skip_state_transfer = false;   // the RMA leaves the state blocks out
+  bool advance_state_twice = false;   // the decode recomputes the last moved token
+};
+
 struct Cluster {
   Instance both, prefill, decode;
   Results results;
   pd::TransferMode mode;
   uint64_t next_transfer = 100;
 
-  Cluster(pd::TransferMode m, const std::string& tls, EngineConfig decode_config = engine_config())
-      : both(pd::Role::kRouter, 0, m, tls),
-        prefill(pd::Role::kPrefill, kPrefillNode, m, tls),
-        decode(pd::Role::kDecode, kDecodeNode, m, tls, decode_config),
+  static EngineConfig with(EngineConfig c, const Mutations& m) {
+    c.mutation_advance_state_twice = m.advance_state_twice;
+    return c;
+  }
+
+  Cluster(pd::TransferMode m, const std::string& tls, EngineConfig decode_config = engine_config(),
+          const std::string& arch = "llama", Mutations mutations = {})
+      : both(pd::Role::kRouter, 0, m, tls, engine_config(), arch),
+        prefill(pd::Role::kPrefill, kPrefillNode, m, tls, engine_config(), arch, mutations.skip_state_transfer),
+        decode(pd::Role::kDecode, kDecodeNode, m, tls, with(decode_config, mutations), arch,
+               mutations.skip_state_transfer),
         mode(m) {
     decode.agent->connect("127.0.0.1", prefill.agent->listen_port());
     EXPECT_TRUE(eventually([&] {
@@ -192,7 +206,7 @@ struct Cluster {
       EXPECT_TRUE(eventually([&] {
         auto s = i->agent->snapshot();
         return s && s->live_transfers == 0 && s->blocks_held == 0 && i->engine->metrics().transfer_blocks_held == 0 &&
-               i->engine->kv_stats().owned == 0;
+               i->engine->kv_stats().owned == 0 && i->engine->state_slots_used() == 0;
       })) << "an instance did not return to its baseline";
       BlockManagerStats st = i->engine->kv_stats();
       EXPECT_EQ(st.free + st.cached, st.total);
@@ -203,13 +217,14 @@ struct Cluster {
 struct Case {
   pd::TransferMode mode;
   std::string tls;
+  std::string arch = "llama";
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << pd::name(c.mode) << " over " << c.tls; }
+void PrintTo(const Case& c, std::ostream* os) { *os << c.arch << " " << pd::name(c.mode) << " over " << c.tls; }
 
 class PdInstancesTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PdInstancesTest, GreedyOutputEqualsOneInstanceAndPoolsDrain) {
-  Cluster c(GetParam().mode, GetParam().tls);
+  Cluster c(GetParam().mode, GetParam().tls, engine_config(), GetParam().arch);
   // Lengths around block boundaries (block size 4), and N = 1 (nothing moves).
   for (int n : {1, 2, 4, 5, 9, 17, 31}) {
     std::vector<int32_t> prompt = prompt_of(n, n);
@@ -226,7 +241,7 @@ TEST_P(PdInstancesTest, GreedyOutputEqualsOneInstanceAndPoolsDrain) {
 }
 
 TEST_P(PdInstancesTest, SeededSiblingsAndBestOfEqualOneInstance) {
-  Cluster c(GetParam().mode, GetParam().tls);
+  Cluster c(GetParam().mode, GetParam().tls, engine_config(), GetParam().arch);
   SamplingParams p;
   p.temperature = 0.9f;
   p.top_k = 20;
@@ -245,7 +260,7 @@ TEST_P(PdInstancesTest, SeededSiblingsAndBestOfEqualOneInstance) {
 }
 
 TEST_P(PdInstancesTest, ConcurrentRequestsAndAPrefixHitOnTheDecode) {
-  Cluster c(GetParam().mode, GetParam().tls);
+  Cluster c(GetParam().mode, GetParam().tls, engine_config(), GetParam().arch);
   std::vector<std::vector<int32_t>> prompts;
   std::map<uint64_t, size_t> which;
   for (int i = 0; i < 12; ++i) prompts.push_back(prompt_of(6 + i * 3, i));
@@ -267,11 +282,11 @@ TEST_P(PdInstancesTest, ConcurrentRequestsAndAPrefixHitOnTheDecode) {
 // that came from the prefill is not needed again), and every output still
 // equals one instance's.
 TEST_P(PdInstancesTest, ADecodeThatMustPreemptRecomputesLocally) {
-  LoadedTinyModel& m = testing::tiny_llama_f16();
+  LoadedTinyModel& m = testing::tiny_f16(GetParam().arch);
   EngineConfig small = engine_config();
   small.kv_cache_bytes =
       20 * static_cast<int64_t>(KvPool::bytes_per_block(m.model->kv_shape(1, small.block_size, small.kv_dtype)));
-  Cluster c(GetParam().mode, GetParam().tls, small);
+  Cluster c(GetParam().mode, GetParam().tls, small, GetParam().arch);
   ASSERT_EQ(c.decode.engine->n_kv_blocks(), 20);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<Result> want;
@@ -292,11 +307,74 @@ TEST_P(PdInstancesTest, ADecodeThatMustPreemptRecomputesLocally) {
 INSTANTIATE_TEST_SUITE_P(Modes, PdInstancesTest,
                          ::testing::Values(Case{pd::TransferMode::kWrite, "tcp"}, Case{pd::TransferMode::kRead, "tcp"},
                                            Case{pd::TransferMode::kWrite, "tcp,sm,self"},
-                                           Case{pd::TransferMode::kRead, "tcp,sm,self"}),
+                                           Case{pd::TransferMode::kRead, "tcp,sm,self"},
+                                           // qwen3next: the recurrent state moves with the KV.
+                                           Case{pd::TransferMode::kWrite, "tcp", "qwen3next"},
+                                           Case{pd::TransferMode::kRead, "tcp", "qwen3next"},
+                                           Case{pd::TransferMode::kWrite, "tcp,sm,self", "qwen3next"}),
                          [](const auto& info) {
-                           return std::string(info.param.mode == pd::TransferMode::kWrite ? "Write" : "Read") +
+                           return std::string(info.param.arch == "llama" ? "" : info.param.arch + "_") +
+                                  (info.param.mode == pd::TransferMode::kWrite ? "Write" : "Read") +
                                   (info.param.tls == "tcp" ? "Tcp" : "SharedMemory");
                          });
+
+// A hybrid model's state after the N-1 moved tokens is part of what moves:
+// greedy and seeded n = 4 outputs equal one instance's, and both ways of
+// getting the state wrong (not moving it; advancing it twice by the last
+// moved token) change the outputs, so these tests catch them.
+std::vector<std::pair<std::vector<int32_t>, SamplingParams>> hybrid_cases() {
+  SamplingParams seeded;
+  seeded.temperature = 0.8f;
+  seeded.seed = 99;
+  seeded.n = 4;
+  seeded.best_of = 4;
+  seeded.max_tokens = 8;
+  seeded.ignore_eos = true;
+  SamplingParams greedy4 = greedy(8);
+  greedy4.n = 4;
+  greedy4.best_of = 4;
+  return {{prompt_of(5, 1), greedy(8)}, {prompt_of(13, 2), greedy4}, {prompt_of(22, 3), seeded},
+          {prompt_of(9, 4), seeded}};
+}
+
+TEST(PdHybrid, StateMovesWithTheKvGreedyAndSeededFourSiblings) {
+  for (pd::TransferMode mode : {pd::TransferMode::kWrite, pd::TransferMode::kRead}) {
+    Cluster c(mode, "tcp", engine_config(), "qwen3next");
+    EXPECT_GT(c.prefill.engine->kv_pool().state_slot_blocks(), 0);
+    for (const auto& [prompt, params] : hybrid_cases()) {
+      const Result want = c.alone(prompt, params);
+      const Result got = c.disaggregated(prompt, params);
+      EXPECT_EQ(got.error, "");
+      EXPECT_EQ(got.tokens, want.tokens) << pd::name(mode) << ", prompt of " << prompt.size();
+    }
+    c.expect_drained();
+  }
+}
+
+// Returns how many of the cases' outputs differ from one instance's.
+int outputs_that_differ(Cluster& c) {
+  int differ = 0;
+  for (const auto& [prompt, params] : hybrid_cases()) {
+    const Result want = c.alone(prompt, params);
+    const Result got = c.disaggregated(prompt, params);
+    EXPECT_EQ(got.error, "");
+    differ += got.tokens != want.tokens ? 1 : 0;
+  }
+  c.expect_drained();
+  return differ;
+}
+
+TEST(PdHybrid, AStateThatDoesNotMoveIsCaught) {
+  if (!pd::kMutationsBuilt) GTEST_SKIP() << "mutations are built only into test builds";
+  Cluster c(pd::TransferMode::kWrite, "tcp", engine_config(), "qwen3next", Mutations{.skip_state_transfer = true});
+  EXPECT_GT(outputs_that_differ(c), 0) << "a decode that runs from a zero state must give other tokens";
+}
+
+TEST(PdHybrid, AStateAdvancedTwiceIsCaught) {
+  if (!pd::kMutationsBuilt) GTEST_SKIP() << "mutations are built only into test builds";
+  Cluster c(pd::TransferMode::kRead, "tcp", engine_config(), "qwen3next", Mutations{.advance_state_twice = true});
+  EXPECT_GT(outputs_that_differ(c), 0) << "a state advanced twice by the last moved token must give other tokens";
+}
 
 }  // namespace
 }  // namespace tandem::instance

@@ -72,10 +72,6 @@ void run_serve(ServeArgs& a) {
   }
   if (a.role == "prefill") a.pd.role = pd::Role::kPrefill;
   if (a.role == "decode") a.pd.role = pd::Role::kDecode;
-  if (a.role != "both" && lm.model->config().hybrid())
-    throw Error("--role " + a.role + ": prefill/decode disaggregation of a model with recurrent layers (" +
-                lm.model->config().arch + ") is not supported yet (its recurrent state does not move with the KV); "
-                "serve it with --role both");
   if (lm.model->config().hybrid() && a.engine.enable_prefix_caching)
     std::fprintf(stderr, "tandem: prefix caching is off for %s: a cached block holds KV, not the recurrent state "
                  "after it\n", lm.model->config().arch.c_str());

@@ -93,8 +93,8 @@ PdInstance::PdInstance(EngineCore& engine, const gguf::File& file, server::HttpS
   tc.self.fingerprint = instance::make_fingerprint(file, pool.shape(), options_.mode);
   fingerprint_ = tc.self.fingerprint;
   tc.region = pool.data();
-  tc.region_bytes = pool.size_bytes();
-  tc.n_blocks = static_cast<int32_t>(pool.shape().n_blocks);
+  tc.region_bytes = pool.transfer_bytes();
+  tc.n_blocks = static_cast<int32_t>(pool.n_transfer_blocks());
   tc.block_bytes = pool.block_bytes();
   tc.listen_host = options_.transfer_host;
   tc.listen_port = options_.transfer_port;

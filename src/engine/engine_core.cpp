@@ -121,11 +121,6 @@ std::optional<std::string> EngineCore::add_request(EngineRequest request, Refusa
                                                   " recurrent-state slots (one per sequence of n/best_of) but the "
                                                   "server has " + std::to_string(states_->n_total()) +
                                                   "; lower n or best_of, or raise --max-num-seqs");
-  if (states_ && request.kv_role != KvRole::kLocal)
-    return refuse(Refusal::kInvalid, "prefill/decode disaggregation of a model with recurrent layers (" +
-                                         model_.config().arch +
-                                         ") is not supported yet: the recurrent state does not move with the KV; "
-                                         "serve it on one instance");
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t queued = static_cast<int64_t>(pending_adds_.size()) + metrics_.waiting.load();
@@ -219,12 +214,24 @@ void EngineCore::drain_inputs() {
   for (uint64_t id : arrivals) {
     auto it = awaiting_remote_kv_.find(id);
     if (it == awaiting_remote_kv_.end()) continue;  // aborted meanwhile
+#ifdef TANDEM_PD_MUTATIONS
+    // Test-only: recompute the last moved token over the moved state (a
+    // recurrent state advanced twice by it), for the P/D tests to catch.
+    if (config_.mutation_advance_state_twice && it->second->n_computed > 0) --it->second->n_computed;
+#endif
     scheduler_->add_running(it->second);
     awaiting_remote_kv_.erase(it);
   }
   for (auto& blocks : releases) {
-    blocks_->release(blocks);
     metrics_.transfer_blocks_held -= static_cast<int64_t>(blocks.size());
+    // A hybrid model's state slot travels as the blocks after the KV ones: its
+    // first block stands for the transfer's reference on the slot.
+    std::erase_if(blocks, [&](int32_t b) {
+      const int32_t slot = kv_->slot_of_block(b);
+      if (slot >= 0 && b == kv_->state_slot_block(slot)) states_->release(slot);
+      return slot >= 0;
+    });
+    blocks_->release(blocks);
   }
   // New transfers get blocks only once no request already here waits for
   // some (preempted ones first, as a single instance admits them).
@@ -300,8 +307,13 @@ bool EngineCore::allocate_remote(RequestState& rs) {
   out.request_id = r->req.id;
   out.prompt_tokens = s.n_prompt;
   auto fresh = blocks_->allocate(n_blocks - static_cast<int64_t>(match.blocks.size()));
-  if (!fresh) {
+  // A hybrid model's sequence needs its state slot (the moved state lands in
+  // it) and one per sibling it will fork.
+  std::optional<std::vector<int32_t>> slots;
+  if (fresh && states_) slots = states_->allocate(r->req.params.best_of);
+  if (!fresh || (states_ && !slots)) {
     if (!match.blocks.empty()) blocks_->release(match.blocks);
+    if (fresh) blocks_->release(*fresh);
     return false;
   }
   s.blocks = match.blocks;
@@ -313,13 +325,28 @@ bool EngineCore::allocate_remote(RequestState& rs) {
   // One more reference per block for the transfer: the blocks outlive the
   // sequence while the peer may still reach them.
   for (int32_t b : s.blocks) blocks_->add_ref(b);
-  metrics_.transfer_blocks_held += static_cast<int64_t>(s.blocks.size());
-  out.kv_event = KvEvent::kAllocated;
   out.kv_blocks = s.blocks;
+  if (slots) {
+    s.state_slot = slots->front();
+    s.fork_slots.assign(slots->begin() + 1, slots->end());
+    s.n_forks = r->req.params.best_of - 1;
+    if (n_moved_tokens > 0) {
+      states_->add_ref(s.state_slot);  // the transfer's reference, as on the blocks
+      append_state_blocks(s.state_slot, out.kv_blocks);
+    }
+  }
+  metrics_.transfer_blocks_held += static_cast<int64_t>(out.kv_blocks.size());
+  out.kv_event = KvEvent::kAllocated;
   out.kv_cached_blocks = static_cast<int32_t>(match.blocks.size());
   awaiting_remote_kv_[r->req.id] = &s;
   if (r->req.sink) r->req.sink(std::move(out));
   return true;
+}
+
+void EngineCore::append_state_blocks(int32_t slot, std::vector<int32_t>& blocks) {
+  if (slot < 0) return;
+  const int32_t first = kv_->state_slot_block(slot);
+  for (int32_t i = 0; i < kv_->state_slot_blocks(); ++i) blocks.push_back(first + i);
 }
 
 void EngineCore::finish_prefill_only(RequestState& r, SeqState& s) {
@@ -329,7 +356,12 @@ void EngineCore::finish_prefill_only(RequestState& r, SeqState& s) {
   out.cached_tokens = r.cached_tokens;
   out.kv_event = KvEvent::kPrefillComputed;
   out.kv_blocks = s.blocks;  // the sequence's references become the transfer's
-  metrics_.transfer_blocks_held += static_cast<int64_t>(s.blocks.size());
+  if (s.state_slot >= 0) {
+    // So does its state slot's: the state after the N-1 tokens moves with their KV.
+    append_state_blocks(s.state_slot, out.kv_blocks);
+    s.state_slot = -1;
+  }
+  metrics_.transfer_blocks_held += static_cast<int64_t>(out.kv_blocks.size());
   s.blocks.clear();
   s.hashes.clear();
   s.finished = true;

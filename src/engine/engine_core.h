@@ -45,6 +45,9 @@ struct EngineConfig {
   int64_t max_model_len = 0;  // 0 = the model's training context
   int threads = 0;            // 0 = one per core
   int idle_wait_ms = 50;      // bounded wait of an idle loop
+  // Test-only (built with TANDEM_PD_MUTATIONS): a decode recomputes the last
+  // moved prompt token, advancing a recurrent state twice by it.
+  bool mutation_advance_state_twice = false;
 };
 
 class EngineCore {
@@ -109,6 +112,8 @@ class EngineCore {
   // pool cannot hold them now.
   bool allocate_remote(RequestState& r);
   void finish_prefill_only(RequestState& r, SeqState& s);
+  // Appends the block ids a state slot spans (what a transfer moves of it).
+  void append_state_blocks(int32_t slot, std::vector<int32_t>& blocks);
   void process_logits(SeqState& s, const float* logits, std::vector<RequestState*>& touched);
   void append_token(RequestState& r, SeqState& s, const SampleResult& sample);
   void finish_sequence(RequestState& r, SeqState& s, FinishReason reason, std::string stop_reason = {});

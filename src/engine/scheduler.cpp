@@ -57,8 +57,8 @@ bool Scheduler::reserve_states(Sequence& seq) {
 
 void Scheduler::release_states(Sequence& seq) {
   if (states_ == nullptr) return;
-  if (seq.state_slot >= 0) states_->free(seq.state_slot);
-  states_->free(seq.fork_slots);
+  if (seq.state_slot >= 0) states_->release(seq.state_slot);
+  states_->release(seq.fork_slots);
   seq.state_slot = -1;
   seq.fork_slots.clear();
 }

@@ -40,6 +40,8 @@ TransferAgent::TransferAgent(EngineCore& engine, std::unique_ptr<transport::Tran
     : engine_(engine), transport_(std::move(transport)), config_(config) {
   TANDEM_ASSERT(config.role == pd::Role::kPrefill || config.role == pd::Role::kDecode);
   config_.protocol.block_size_tokens = static_cast<int32_t>(engine.kv_pool().shape().block_size);
+  // A hybrid model's state slot moves as this many blocks after the KV ones.
+  config_.protocol.state_blocks = engine.kv_pool().state_slot_blocks();
   block_bytes_ = engine.kv_pool().block_bytes();
   listen_port_ = transport_->listen_port();
   auto capacity = static_cast<int32_t>(engine.n_kv_blocks());
@@ -262,7 +264,16 @@ void TransferAgent::apply(const pd::Effect& e) {
       pd::TransferId transfer = e.transfer;
       ++counters_.rma_posts;
       timeline(transfer).rma_posted_us = monotonic_us();
-      auto runs = coalesce(e.local_blocks, e.remote_blocks, block_bytes_);
+      std::vector<pd::BlockId> local = e.local_blocks, remote = e.remote_blocks;
+      if (pd::kMutationsBuilt && config_.mutation_skip_state_transfer) {
+        const auto kv_blocks = static_cast<pd::BlockId>(engine_.n_kv_blocks());
+        for (size_t i = local.size(); i-- > 0;)
+          if (local[i] >= kv_blocks) {
+            local.erase(local.begin() + static_cast<ptrdiff_t>(i));
+            remote.erase(remote.begin() + static_cast<ptrdiff_t>(i));
+          }
+      }
+      auto runs = coalesce(local, remote, block_bytes_);
       if (runs.empty()) {
         // A zero-block transfer (N = 1, or a full prefix hit) completes at once.
         post([this, transfer, write] {

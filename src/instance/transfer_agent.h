@@ -43,6 +43,10 @@ struct TransferAgentConfig {
   // Test knob: the decode admits each request this much later (seed 000's
   // slow admission, scaled down). 0 in production.
   int64_t test_admission_delay_ms = 0;
+  // Test-only (built with TANDEM_PD_MUTATIONS): the RMA skips the blocks of
+  // a hybrid model's state slot, so the decode runs from a state that never
+  // arrived.
+  bool mutation_skip_state_transfer = false;
 };
 
 // One client request's part on this instance, as the router hands it over.

@@ -60,25 +60,28 @@ KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
     throw Error("KV pool shape must be positive in every dimension");
   part_bytes_ = part_bytes(shape);
   block_bytes_ = bytes_per_block(shape);
-  data_ = map_backed(size_bytes(), "KV pool");
-  if (shape.n_state_slots > 0) {
-    try {
-      state_data_ = map_backed(state_size_bytes(), "recurrent-state pool");
-    } catch (...) {
-      munmap(data_, size_bytes());
-      throw;
-    }
-  }
+  if (shape.n_state_slots > 0)
+    state_slot_blocks_ = static_cast<int32_t>((shape.state_slot_bytes + block_bytes_ - 1) / block_bytes_);
+  data_ = map_backed(transfer_bytes(), "KV pool");
 }
 
 KvPool::~KvPool() {
-  if (data_ != nullptr) munmap(data_, size_bytes());
-  if (state_data_ != nullptr) munmap(state_data_, state_size_bytes());
+  if (data_ != nullptr) munmap(data_, transfer_bytes());
+}
+
+int32_t KvPool::state_slot_block(int32_t slot) const {
+  TANDEM_ASSERT(slot >= 0 && slot < shape_.n_state_slots, "state slot out of range");
+  return static_cast<int32_t>(shape_.n_blocks + static_cast<int64_t>(slot) * state_slot_blocks_);
+}
+
+int32_t KvPool::slot_of_block(int32_t block) const {
+  TANDEM_ASSERT(block >= 0 && block < n_transfer_blocks(), "block id out of range");
+  if (block < shape_.n_blocks) return -1;
+  return static_cast<int32_t>((block - shape_.n_blocks) / state_slot_blocks_);
 }
 
 uint8_t* KvPool::state_slot(int32_t slot) {
-  TANDEM_ASSERT(slot >= 0 && slot < shape_.n_state_slots, "state slot out of range");
-  return state_data_ + static_cast<size_t>(slot) * shape_.state_slot_bytes;
+  return data_ + static_cast<size_t>(state_slot_block(slot)) * block_bytes_;
 }
 
 uint8_t* KvPool::block(int32_t b) {

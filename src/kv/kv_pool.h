@@ -8,9 +8,13 @@
 // per head as kernels/kv_layout.h says (K transposed).
 //
 // A hybrid model's recurrent layers keep no KV: their state lives beside the
-// blocks, in a second registered region of n_state_slots slots of
-// state_slot_bytes each, one per live sequence (the model lays a slot out;
-// kv/state_slots.h hands slots out).
+// blocks, n_state_slots slots of state_slot_bytes each, one per live sequence
+// (the model lays a slot out; kv/state_slots.h hands slots out). The slots
+// are the tail of the same registered mapping, each spanning
+// state_slot_blocks() whole block-sized units numbered after the last block:
+// to the P/D transport a slot is more blocks of the request, so the state
+// moves with the KV by the same rules (no reuse before Free, quarantine when
+// a peer may still reach it).
 #pragma once
 
 #include <cstddef>
@@ -53,10 +57,17 @@ class KvPool {
   // The view attention needs for one layer.
   kernels::PagedKvLayer layer_view(int layer) const;
 
-  // The recurrent-state region: n_state_slots slots of state_slot_bytes.
+  // Recurrent-state slot `slot`: state_slot_bytes at block id state_slot_block(slot).
   uint8_t* state_slot(int32_t slot);
-  uint8_t* state_data() { return state_data_; }
-  size_t state_size_bytes() const { return shape_.state_slot_bytes * static_cast<size_t>(shape_.n_state_slots); }
+  // Block-sized units per state slot (0 without slots).
+  int32_t state_slot_blocks() const { return state_slot_blocks_; }
+  // The block ids a slot spans for a transfer: [first, first + state_slot_blocks()).
+  int32_t state_slot_block(int32_t slot) const;
+  // The slot whose span holds block id `block` (>= n_blocks), or -1 for a KV block.
+  int32_t slot_of_block(int32_t block) const;
+  // What the transport registers: the KV blocks and the state slots after them.
+  int64_t n_transfer_blocks() const { return shape_.n_blocks + shape_.n_state_slots * state_slot_blocks_; }
+  size_t transfer_bytes() const { return block_bytes_ * static_cast<size_t>(n_transfer_blocks()); }
 
   // Bytes needed per block for a shape (used to size the pool from a memory budget).
   static size_t bytes_per_block(const KvPoolShape& shape);
@@ -65,8 +76,8 @@ class KvPool {
   KvPoolShape shape_;
   size_t part_bytes_ = 0;  // one layer's K (or V) part of a block
   size_t block_bytes_ = 0;
+  int32_t state_slot_blocks_ = 0;
   uint8_t* data_ = nullptr;
-  uint8_t* state_data_ = nullptr;
 };
 
 // A minimal free-list allocator over a pool's blocks, for tests and the CLI.

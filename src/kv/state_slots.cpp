@@ -6,7 +6,7 @@
 
 namespace tandem {
 
-StateSlots::StateSlots(int64_t n_slots) : used_(static_cast<size_t>(n_slots), false) {
+StateSlots::StateSlots(int64_t n_slots) : refcount_(static_cast<size_t>(n_slots), 0) {
   TANDEM_ASSERT(n_slots >= 0);
   for (int64_t s = n_slots - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
 }
@@ -17,31 +17,39 @@ std::optional<std::vector<int32_t>> StateSlots::allocate(int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const int32_t s = free_.back();
     free_.pop_back();
-    used_[static_cast<size_t>(s)] = true;
+    refcount_[static_cast<size_t>(s)] = 1;
     out.push_back(s);
   }
   check_invariants();
   return out;
 }
 
-void StateSlots::free(int32_t slot) {
-  TANDEM_ASSERT(slot >= 0 && slot < n_total() && used_[static_cast<size_t>(slot)],
-                "state slot " + std::to_string(slot) + " freed but not in use");
-  used_[static_cast<size_t>(slot)] = false;
-  free_.push_back(slot);
+int32_t StateSlots::refcount(int32_t slot) const {
+  TANDEM_ASSERT(slot >= 0 && slot < n_total(), "state slot out of range");
+  return refcount_[static_cast<size_t>(slot)];
+}
+
+void StateSlots::add_ref(int32_t slot) {
+  TANDEM_ASSERT(refcount(slot) > 0, "state slot " + std::to_string(slot) + " referenced while free");
+  ++refcount_[static_cast<size_t>(slot)];
+}
+
+void StateSlots::release(int32_t slot) {
+  TANDEM_ASSERT(refcount(slot) > 0, "state slot " + std::to_string(slot) + " released but not in use");
+  if (--refcount_[static_cast<size_t>(slot)] == 0) free_.push_back(slot);
   check_invariants();
 }
 
-void StateSlots::free(const std::vector<int32_t>& slots) {
-  for (int32_t s : slots) free(s);
+void StateSlots::release(const std::vector<int32_t>& slots) {
+  for (int32_t s : slots) release(s);
 }
 
 void StateSlots::check_invariants() const {
 #ifdef TANDEM_KV_CHECKS
   int64_t used = 0;
-  for (bool u : used_) used += u ? 1 : 0;
+  for (int32_t r : refcount_) used += r > 0 ? 1 : 0;
   TANDEM_ASSERT(used + n_free() == n_total(), "state slot accounting: used + free != total");
-  for (int32_t s : free_) TANDEM_ASSERT(!used_[static_cast<size_t>(s)], "a free state slot is marked used");
+  for (int32_t s : free_) TANDEM_ASSERT(refcount_[static_cast<size_t>(s)] == 0, "a free state slot is referenced");
 #endif
 }
 

@@ -125,7 +125,7 @@ void DecodeSide::on_blocks_allocated(TransferId transfer, std::vector<BlockId> b
     return finish(now_ms, out);
   }
   DecodeTransfer& t = it->second;
-  int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  int32_t n_moved = transfer_blocks(t.prompt_tokens, config_);
   TANDEM_ASSERT(!t.allocated, "allocation reported twice");
   TANDEM_ASSERT(static_cast<int32_t>(blocks.size()) >= n_moved && cached_blocks >= 0 &&
                     cached_blocks <= n_moved,
@@ -182,7 +182,7 @@ void DecodeSide::on_write_done(DecodeTransfer& t, const Message& m, TimeMs now_m
 void DecodeSide::on_kv_addresses(DecodeTransfer& t, const Message& m, TimeMs now_ms,
                                  Outputs* out) {
   if (t.mode != TransferMode::kRead) return drop(DropReason::kUnexpected);
-  int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  int32_t n_moved = transfer_blocks(t.prompt_tokens, config_);
   if (static_cast<int32_t>(m.blocks.size()) != n_moved || m.first_block != 0) return drop(DropReason::kInvalid);
   send_ack(m, out);
   if (t.addresses_known) return drop(DropReason::kDuplicate);
@@ -201,7 +201,7 @@ void DecodeSide::on_kv_addresses(DecodeTransfer& t, const Message& m, TimeMs now
 
 void DecodeSide::post_read(DecodeTransfer& t, TimeMs now_ms, Outputs* out) {
   TANDEM_ASSERT(t.allocated && t.addresses_known && !t.rma_in_flight);
-  int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  int32_t n_moved = transfer_blocks(t.prompt_tokens, config_);
   Effect read;
   read.kind = EffectKind::kPostRead;
   read.transfer = t.id;

@@ -72,7 +72,7 @@ void PrefillSide::on_start(const Message& m, TimeMs now_ms, Outputs* out) {
   compute.kind = EffectKind::kComputePrefill;
   compute.transfer = t.id;
   compute.prompt_tokens = t.prompt_tokens;
-  compute.n_blocks = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  compute.n_blocks = transfer_blocks(t.prompt_tokens, config_);
   out->effects.push_back(std::move(compute));
   schedule_next(t);
 }
@@ -88,7 +88,7 @@ void PrefillSide::on_prefill_computed(TransferId transfer, std::vector<BlockId> 
   PrefillTransfer& t = it->second;
   TANDEM_ASSERT(!t.computed, "prefill reported twice");
   TANDEM_ASSERT(static_cast<int32_t>(blocks.size()) ==
-                    moved_blocks(t.prompt_tokens, config_.block_size_tokens),
+                    transfer_blocks(t.prompt_tokens, config_),
                 "prefill engine returned the wrong number of blocks");
   t.blocks = std::move(blocks);
   t.slot = slot;
@@ -135,7 +135,7 @@ void PrefillSide::on_remote_blocks(PrefillTransfer& t, const Message& m, TimeMs 
   if (t.addresses_known) return drop(DropReason::kDuplicate);
   // The decode names blocks for our moved range from first_block on: exactly
   // the blocks it lacks. Anything else cannot be written.
-  int32_t n_moved = moved_blocks(t.prompt_tokens, config_.block_size_tokens);
+  int32_t n_moved = transfer_blocks(t.prompt_tokens, config_);
   if (m.first_block < 0 || m.first_block > n_moved ||
       static_cast<int64_t>(m.blocks.size()) != n_moved - m.first_block)
     return drop(DropReason::kInvalid);

@@ -112,6 +112,9 @@ bool parse_mutation(std::string_view text, Mutation* out);
 
 struct ProtocolConfig {
   int32_t block_size_tokens = 16;
+  // Blocks a request's recurrent state adds to what moves (a hybrid model's
+  // state slot, KvPool::state_slot_blocks; 0 for attention-only models).
+  int32_t state_blocks = 0;
   TimeMs heartbeat_interval_ms = 500;
   TimeMs lease_ms = 3000;               // a peer silent this long is declared dead
   TimeMs retransmit_interval_ms = 1000;
@@ -145,6 +148,12 @@ inline int32_t blocks_for_tokens(int64_t tokens, int32_t block_size) {
 // The prefill moves the KV of the first N-1 prompt tokens.
 inline int32_t moved_blocks(int32_t prompt_tokens, int32_t block_size) {
   return blocks_for_tokens(prompt_tokens - 1, block_size);
+}
+// What a transfer moves: those KV blocks and, when there are any, the
+// recurrent state after them (state_blocks more, appended to the block list).
+inline int32_t transfer_blocks(int32_t prompt_tokens, const ProtocolConfig& config) {
+  const int32_t kv = moved_blocks(prompt_tokens, config.block_size_tokens);
+  return kv > 0 ? kv + config.state_blocks : 0;
 }
 // The decode holds the whole prompt plus every sibling's outputs, each
 // sibling after the first with its copy of the prompt's last block.
