@@ -142,5 +142,29 @@ TEST(Cli, GenerateIsDeterministicAndBenchPrintsJson) {
   std::filesystem::remove(path);
 }
 
+// Every CLI command that runs a model runs the MoE and hybrid ones (a hybrid
+// model's sequences need their recurrent-state slots there too).
+TEST(Cli, GenerateAndBenchRunTheMoeAndHybridArchitectures) {
+  const std::string bin = TANDEM_BINARY;
+  for (const std::string arch : {"qwen3moe", "qwen3next"}) {
+    SCOPED_TRACE(arch);
+    const std::string path = temp_path(arch + ".gguf");
+    int status = 0;
+    run(bin + " make-model --preset tiny --arch " + arch + " --dtype q8_0 -o " + path, &status);
+    ASSERT_EQ(status, 0);
+    const std::string out = run(bin + " generate -m " + path + " -p 'Once upon' -n 8 --temp 0 -t 2", &status);
+    ASSERT_EQ(status, 0);
+    EXPECT_EQ(out.rfind("Once upon", 0), 0u) << out;
+    const std::string table =
+        run(bin + " bench model -m " + path + " -r 1 -p 16 -n 4 --batches 3 --profile", &status);
+    ASSERT_EQ(status, 0);
+    EXPECT_NE(table.find("moe_route"), std::string::npos) << table;
+    if (arch == "qwen3next") {
+      EXPECT_NE(table.find("recurrent"), std::string::npos) << table;
+    }
+    std::filesystem::remove(path);
+  }
+}
+
 }  // namespace
 }  // namespace tandem

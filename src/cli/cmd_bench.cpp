@@ -109,7 +109,8 @@ void run_bench_model(const BenchArgs& a) {
   const int64_t ctx = std::max<int64_t>({a.n_prompt, a.n_gen, a.batched_prompt + a.batched_steps});
   const int64_t blocks_per_seq = (ctx + block_size - 1) / block_size;
   const int64_t n_blocks = blocks_per_seq * std::max(max_batch, 1);
-  KvPool kv(model.kv_shape(n_blocks, block_size, kernels::parse_dtype(a.kv_dtype)));
+  // A hybrid model's sequences each take a state slot (sequence s: slot s).
+  KvPool kv(model.kv_shape(n_blocks, block_size, kernels::parse_dtype(a.kv_dtype), std::max(max_batch, 1)));
   SimpleBlockAllocator alloc(n_blocks);
   std::vector<std::vector<int32_t>> tables;
   for (int i = 0; i < std::max(max_batch, 1); ++i) tables.push_back(alloc.allocate(blocks_per_seq));
@@ -127,13 +128,13 @@ void run_bench_model(const BenchArgs& a) {
     // for touching the workspace and KV pages (about 10 % of a 512-token
     // prompt on small F16).
     Batch b;
-    b.add_sequence(prompt, 0, tables[0], true);
+    b.add_sequence(prompt, 0, tables[0], true, 0);
     model.forward(b, kv, pool);
   }
   if (a.profile) model.set_profile(&r.pp_profile);
   for (int rep = 0; rep < a.repeats; ++rep) {
     Batch b;
-    b.add_sequence(prompt, 0, tables[0], true);
+    b.add_sequence(prompt, 0, tables[0], true, 0);
     Stopwatch sw;
     model.forward(b, kv, pool);
     runs.push_back(a.n_prompt / sw.elapsed_s());
@@ -149,7 +150,7 @@ void run_bench_model(const BenchArgs& a) {
     Stopwatch sw;
     for (int i = 0; i < a.n_gen; ++i) {
       Batch b;
-      b.add_sequence(std::span<const int32_t>(gen).subspan(static_cast<size_t>(i), 1), i, tables[0], true);
+      b.add_sequence(std::span<const int32_t>(gen).subspan(static_cast<size_t>(i), 1), i, tables[0], true, 0);
       model.forward(b, kv, pool, logits.data());
     }
     runs.push_back(a.n_gen / sw.elapsed_s());
@@ -165,7 +166,7 @@ void run_bench_model(const BenchArgs& a) {
       Batch pre;
       for (int s = 0; s < n_seq; ++s)
         pre.add_sequence(bench_tokens(a.batched_prompt, c.n_vocab, 100 + static_cast<uint64_t>(s)), 0,
-                         tables[static_cast<size_t>(s)], true);
+                         tables[static_cast<size_t>(s)], true, s);
       model.forward(pre, kv, pool, blogits.data());
       if (a.profile && n_seq == max_batch) model.set_profile(&r.batched_profile);
       Stopwatch sw;
@@ -173,7 +174,7 @@ void run_bench_model(const BenchArgs& a) {
         Batch b;
         for (int s = 0; s < n_seq; ++s) {
           const int32_t tok[] = {static_cast<int32_t>((step * 31 + s * 7) % c.n_vocab)};
-          b.add_sequence(tok, a.batched_prompt + step, tables[static_cast<size_t>(s)], true);
+          b.add_sequence(tok, a.batched_prompt + step, tables[static_cast<size_t>(s)], true, s);
         }
         model.forward(b, kv, pool, blogits.data());
       }

@@ -43,7 +43,7 @@ void run_generate(const GenerateArgs& a) {
                 " exceeds the model's context length " + std::to_string(c.n_ctx_train));
 
   const int64_t n_blocks = (n_ctx + a.block_size - 1) / a.block_size;
-  KvPool kv(lm.model->kv_shape(n_blocks, a.block_size, kernels::parse_dtype(a.kv_dtype)));
+  KvPool kv(lm.model->kv_shape(n_blocks, a.block_size, kernels::parse_dtype(a.kv_dtype), 1));
   SimpleBlockAllocator alloc(n_blocks);
   const std::vector<int32_t> table = alloc.allocate(n_blocks);
 
@@ -57,7 +57,7 @@ void run_generate(const GenerateArgs& a) {
     const size_t len = std::min(prompt.size() - start, static_cast<size_t>(a.batch_size));
     Batch batch;
     batch.add_sequence(std::span<const int32_t>(prompt).subspan(start, len), static_cast<int32_t>(start), table,
-                       start + len == prompt.size());
+                       start + len == prompt.size(), /*state_slot=*/0);
     logits = lm.model->forward(batch, kv, pool);
   }
   const double prefill_s = prefill_sw.elapsed_s();
@@ -80,7 +80,7 @@ void run_generate(const GenerateArgs& a) {
     if (i + 1 == a.n_predict) break;
     Batch batch;
     const int32_t one[] = {tok};
-    batch.add_sequence(one, pos++, table, true);
+    batch.add_sequence(one, pos++, table, true, /*state_slot=*/0);
     lm.model->forward(batch, kv, pool, logits.data());
   }
   std::fputs(detok.flush().c_str(), stdout);
