@@ -38,7 +38,6 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
   ForwardWorkspace& ws = pass.ws;
   KvPool& kv = pass.kv;
   const int64_t n = pass.n;
-  const int64_t E = c.n_embd;
   const int64_t q_dim = c.n_head * c.head_dim;
   const int64_t kv_dim = c.n_head_kv * c.head_dim;
   const int hd = static_cast<int>(c.head_dim);
@@ -123,13 +122,7 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
         ws.attn[static_cast<size_t>(i)] *= 1.0f / (1.0f + std::exp(-ws.attn_gate[static_cast<size_t>(i)]));
     });
   }
-  {
-    OpTimer timer(pass.prof, Op::kOutProj);
-    const kernels::MatmulOutput out[] = {{&w.wo, ws.proj.data(), E}};
-    kernels::matmul(out, kernels::MatmulInput{ws.attn.data(), q_dim}, n, pass.pool, {},
-                    [&](size_t, int64_t b, int64_t e) { pass.add_residual(b, e); });
-    pass.account(Op::kOutProj, {&w.wo}, n);
-  }
+  pass.project_to_residual(Op::kOutProj, w.wo, ws.attn.data());
 }
 
 }  // namespace tandem

@@ -67,7 +67,6 @@ void run_delta_net(ForwardPass& pass, const DeltaNetWeights& w, int64_t state_la
   const ModelConfig& c = pass.c;
   ForwardWorkspace& ws = pass.ws;
   const int64_t n = pass.n;
-  const int64_t E = c.n_embd;
   const int64_t C = c.ssm_conv_channels();
   const int64_t S = c.ssm_d_state;
   const int64_t Hk = c.ssm_n_k_heads, Hv = c.ssm_n_v_heads;
@@ -175,13 +174,7 @@ void run_delta_net(ForwardPass& pass, const DeltaNetWeights& w, int64_t state_la
     }
   });
   }
-  {
-    OpTimer out_timer(pass.prof, Op::kOutProj);
-    const kernels::MatmulOutput out[] = {{&w.wout, ws.proj.data(), E}};
-    kernels::matmul(out, kernels::MatmulInput{ws.ssm_out.data(), value_dim}, n, pass.pool, {},
-                    [&](size_t, int64_t b, int64_t e) { pass.add_residual(b, e); });
-    pass.account(Op::kOutProj, {&w.wout}, n);
-  }
+  pass.project_to_residual(Op::kOutProj, w.wout, ws.ssm_out.data());
 }
 
 }  // namespace tandem

@@ -17,7 +17,6 @@ DenseFfnWeights load_dense_ffn(const gguf::File& f, const std::string& p, const 
 void run_dense_ffn(ForwardPass& pass, const DenseFfnWeights& w) {
   ForwardWorkspace& ws = pass.ws;
   const int64_t n = pass.n;
-  const int64_t E = pass.c.n_embd;
   const int64_t F = pass.c.n_ff;
   {
     const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws.gate.data(), F}, {&w.w_up, ws.up.data(), F}};
@@ -32,13 +31,7 @@ void run_dense_ffn(ForwardPass& pass, const DenseFfnWeights& w) {
     kernels::matmul(gate_up, in, n, pass.pool, kernels::MatmulSplit{.same_rows = true}, swiglu);
     pass.account(Op::kGateUp, {&w.w_gate, &w.w_up}, n);
   }
-  {
-    OpTimer timer(pass.prof, Op::kDown);
-    const kernels::MatmulOutput down[] = {{&w.w_down, ws.proj.data(), E}};
-    kernels::matmul(down, kernels::MatmulInput{ws.gate.data(), F}, n, pass.pool, {},
-                    [&](size_t, int64_t b, int64_t e) { pass.add_residual(b, e); });
-    pass.account(Op::kDown, {&w.w_down}, n);
-  }
+  pass.project_to_residual(Op::kDown, w.w_down, ws.gate.data());
 }
 
 }  // namespace tandem

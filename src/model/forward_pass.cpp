@@ -48,6 +48,14 @@ void ForwardPass::add_residual(int64_t b, int64_t e) {
   for (int64_t t = 0; t < n; ++t) kernels::add_inplace(ws.x.data() + t * E + b, ws.proj.data() + t * E + b, e - b);
 }
 
+void ForwardPass::project_to_residual(Op op, const kernels::WeightMatrix& w, const float* in) {
+  OpTimer timer(prof, op);
+  const kernels::MatmulOutput out[] = {{&w, ws.proj.data(), c.n_embd}};
+  kernels::matmul(out, kernels::MatmulInput{in, w.cols}, n, pool, {},
+                  [&](size_t, int64_t b, int64_t e) { add_residual(b, e); });
+  account(op, {&w}, n);
+}
+
 void ForwardPass::kv_slots_of_layer(int64_t layer) {
   for (int64_t t = 0; t < n; ++t) {
     const auto [block, slot] = ws.slot_of_row[static_cast<size_t>(t)];

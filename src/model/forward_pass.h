@@ -59,6 +59,9 @@ struct ForwardPass {
   // The residual add, in the epilogue of a projection back to the model
   // width: rows [b, e) of ws.proj into ws.x, every token.
   void add_residual(int64_t b, int64_t e);
+  // A projection back to the model width (w.cols wide rows at `in`) with the
+  // residual add in its epilogue, timed and counted as `op`.
+  void project_to_residual(Op op, const kernels::WeightMatrix& w, const float* in);
   // Each row's K and V slots in layer `layer` of the pool.
   void kv_slots_of_layer(int64_t layer);
 };
