@@ -76,6 +76,13 @@ void run_serve(ServeArgs& a) {
     std::fprintf(stderr, "tandem: prefix caching is off for %s: a cached block holds KV, not the recurrent state "
                  "after it\n", lm.model->config().arch.c_str());
   EngineCore engine(*lm.model, *lm.tokenizer, a.engine);
+  if (lm.model->config().hybrid()) {
+    const KvPoolShape& shape = engine.kv_pool().shape();
+    std::fprintf(stderr,
+                 "tandem: recurrent state: %lld slots (--max-num-seqs) of %.1f MiB, %.1f MiB beside the KV cache\n",
+                 static_cast<long long>(shape.n_state_slots), static_cast<double>(shape.state_slot_bytes) / (1 << 20),
+                 static_cast<double>(shape.state_slot_bytes) * static_cast<double>(shape.n_state_slots) / (1 << 20));
+  }
   server::HttpServer http(engine, *lm.model, *lm.tokenizer, a.server);
   const int port = http.bind();
   engine.start();

@@ -122,12 +122,15 @@ int64_t slots_held_by(const Map& transfers) {
   for (const auto& [id, t] : transfers) n += t.slot != kNoSlot ? 1 : 0;
   return n;
 }
-// Blocks that ended transfers still hold (waiting for the peer's Release, an
-// RMA in flight, or a fence): no request owns them, yet they are not free.
+// KV blocks that ended transfers still hold (waiting for the peer's Release,
+// an RMA in flight, or a fence): no request owns them, yet they are not free.
+// Ids from `n_kv_blocks` on are a hybrid model's state slot, not KV capacity.
 template <typename Map>
-int64_t blocks_quarantined_by(const Map& transfers) {
+int64_t blocks_quarantined_by(const Map& transfers, int32_t n_kv_blocks) {
   int64_t n = 0;
-  for (const auto& [id, t] : transfers) n += t.ending ? static_cast<int64_t>(t.blocks.size()) : 0;
+  for (const auto& [id, t] : transfers)
+    if (t.ending)
+      for (BlockId b : t.blocks) n += b < n_kv_blocks ? 1 : 0;
   return n;
 }
 template <size_t N, typename Map>
@@ -192,6 +195,8 @@ class NodeCore {
   // Blocks held by transfers that have ended (sent in heartbeats: the router
   // counts them against this instance until they are freed).
   virtual int64_t quarantined_blocks() const { return 0; }
+  // The KV blocks of this instance's pool (block ids beyond are state slots).
+  int32_t capacity_blocks() const { return capacity_blocks_; }
 
  protected:
   // A message that passed the epoch checks (heartbeats and acks are handled here).

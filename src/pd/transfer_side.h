@@ -26,7 +26,7 @@ class TransferSide : public NodeCore {
     return pd::ages_by_state<std::map<TransferId, Transfer>, kStates>(transfers_, now_ms);
   }
   int64_t blocks_held() const { return blocks_held_by(transfers_); }
-  int64_t quarantined_blocks() const override { return blocks_quarantined_by(transfers_); }
+  int64_t quarantined_blocks() const override { return blocks_quarantined_by(transfers_, capacity_blocks()); }
   int64_t slots_held() const { return slots_held_by(transfers_); }
 
  protected:
