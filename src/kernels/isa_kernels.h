@@ -114,6 +114,9 @@ struct AttentionTileArgs {
 
 using AttentionTileFn = void (*)(const AttentionTileArgs& args);
 using SiluMulFn = void (*)(float* g, const float* u, int64_t n);
+// One token of the gated delta rule on one head's S x S state (delta_rule_step in ops.h).
+using DeltaRuleFn = void (*)(float* state, int64_t s, const float* k, const float* q, const float* v, float decay,
+                             float beta, float scale, float* out);
 // f32 to a KV dtype (f32, f16, bf16), rounding to nearest even.
 using NarrowFn = void (*)(DType t, const float* x, uint8_t* out, int64_t n);
 
@@ -125,6 +128,7 @@ struct IsaKernels {
   AttentionTileFn attention_tile;
   SiluMulFn silu_mul;
   NarrowFn narrow;
+  DeltaRuleFn delta_rule;
 };
 
 extern const IsaKernels kScalarKernels;

@@ -319,7 +319,7 @@ struct Vec {
 namespace tandem::kernels {
 
 const IsaKernels kAvx2Kernels = {
-    gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, attention_tile_vec, silu_mul_vec, Vec::narrow,
+    gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, attention_tile_vec, silu_mul_vec, Vec::narrow, delta_rule_vec,
 };
 
 }  // namespace tandem::kernels

@@ -97,7 +97,7 @@ namespace tandem::kernels {
 
 const IsaKernels kScalarKernels = {
     gemm_plain<load_f32, 4>, gemm_plain<load_f16, 2>, gemm_plain<load_bf16, 2>, gemm_q8_0, attention_tile_vec, silu_mul_vec,
-    Vec::narrow,
+    Vec::narrow, delta_rule_vec,
 };
 
 }  // namespace tandem::kernels

@@ -93,6 +93,11 @@ void rope_apply(float* x, int64_t ldx, int64_t n_rows, int n_heads, int head_dim
 
 void silu_mul(float* g, const float* u, int64_t n) { active_kernels().silu_mul(g, u, n); }
 
+void delta_rule_step(float* state, int64_t s, const float* k, const float* q, const float* v, float decay, float beta,
+                     float scale, float* out) {
+  active_kernels().delta_rule(state, s, k, q, v, decay, beta, scale, out);
+}
+
 void add_inplace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }

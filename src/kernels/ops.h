@@ -40,6 +40,12 @@ void rope_angles(const int32_t* positions, int64_t n_rows, const RopeParams& par
 void rope_apply(float* x, int64_t ldx, int64_t n_rows, int n_heads, int head_dim, const RopeParams& params,
                 const float* cos_t, const float* sin_t);
 
+// One token of the gated delta rule (qwen3next) on one head's S x S state,
+// rows j over value elements, each S key elements: for each row j,
+// row *= decay; d = (v[j] - row . k) * beta; row += d k; out[j] = (row . q) * scale.
+void delta_rule_step(float* state, int64_t s, const float* k, const float* q, const float* v, float decay, float beta,
+                     float scale, float* out);
+
 // g = silu(g) * u, element-wise.
 void silu_mul(float* g, const float* u, int64_t n);
 

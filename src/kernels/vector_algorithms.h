@@ -37,6 +37,40 @@ void silu_mul_vec(float* g, const float* u, int64_t n) {
   }
 }
 
+// One token of the gated delta rule on one head's state (rows j = value
+// elements, each S key elements): per row, decayed, then corrected toward
+// v_j along k by beta, then read by q. Two passes over a row: the decay with
+// the dot against k, then the update with the dot against q.
+void delta_rule_vec(float* state, int64_t s, const float* k, const float* q, const float* v, float decay, float beta,
+                    float scale, float* out) {
+  constexpr int W = Vec::kWidth;
+  const auto vd = Vec::set1(decay);
+  for (int64_t j = 0; j < s; ++j) {
+    float* row = state + j * s;
+    auto acc = Vec::zero();
+    int64_t i = 0;
+    for (; i + W <= s; i += W) {
+      const auto x = Vec::mul(Vec::load(row + i), vd);
+      Vec::store(row + i, x);
+      acc = Vec::fmadd(x, Vec::load(k + i), acc);
+    }
+    float sk = Vec::reduce_add(acc);
+    for (; i < s; ++i) sk += (row[i] *= decay) * k[i];
+    const float d = (v[j] - sk) * beta;
+    const auto vdelta = Vec::set1(d);
+    acc = Vec::zero();
+    i = 0;
+    for (; i + W <= s; i += W) {
+      const auto x = Vec::fmadd(Vec::load(k + i), vdelta, Vec::load(row + i));
+      Vec::store(row + i, x);
+      acc = Vec::fmadd(x, Vec::load(q + i), acc);
+    }
+    float sq = Vec::reduce_add(acc);
+    for (; i < s; ++i) sq += (row[i] += k[i] * d) * q[i];
+    out[j] = sq * scale;
+  }
+}
+
 // What attend_block needs of the tile: the block's K (transposed, bs_pad
 // positions per dimension) and V (widened, hd per position), and per query its
 // running max, running sum and unnormalised output.

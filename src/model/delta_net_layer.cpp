@@ -14,20 +14,6 @@ namespace tandem {
 
 namespace {
 
-// A dot product in one fixed order (16 lanes, then the lanes in order), so
-// that it vectorises and gives the same bits wherever it runs.
-float dot(const float* a, const float* b, int64_t n) {
-  constexpr int kLanes = 16;
-  float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
-  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
-  float s = 0;
-  for (float v : acc) s += v;
-  return s;
-}
-
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // as ggml
 
@@ -157,15 +143,7 @@ void run_delta_net(ForwardPass& pass, const DeltaNetWeights& w, int64_t state_la
         const float beta = sigmoid(ba[h % r]);
         const float decay = std::exp(softplus(ba[r + h % r] + w.dt_bias[h]) * w.a[h]);
         float* o = ws.ssm_out.data() + row * value_dim + h * S;
-        // Row j of S (value element j, over key elements): decayed, corrected
-        // toward v_j along k, then read by q (llama.cpp's order per element).
-        for (int64_t j = 0; j < S; ++j) {
-          float* sj = state + j * S;
-          for (int64_t i = 0; i < S; ++i) sj[i] *= decay;
-          const float d = (v[j] - dot(sj, k, S)) * beta;
-          for (int64_t i = 0; i < S; ++i) sj[i] += k[i] * d;
-          o[j] = dot(sj, q, S) * scale;
-        }
+        kernels::delta_rule_step(state, S, k, q, v, decay, beta, scale, o);
         // Gated RMSNorm of the head's output.
         kernels::rms_norm(o, S, w.norm, o, S, 1, S, eps);
         const float* z = ws.ssm_z.data() + row * value_dim + h * S;
