@@ -72,10 +72,10 @@ void run_serve(ServeArgs& a) {
   }
   if (a.role == "prefill") a.pd.role = pd::Role::kPrefill;
   if (a.role == "decode") a.pd.role = pd::Role::kDecode;
-  if (lm.model->config().hybrid() && a.engine.enable_prefix_caching)
+  EngineCore engine(*lm.model, *lm.tokenizer, a.engine);
+  if (engine.metrics().prefix_caching_off_for_recurrent_state)
     std::fprintf(stderr, "tandem: prefix caching is off for %s: a cached block holds KV, not the recurrent state "
                  "after it\n", lm.model->config().arch.c_str());
-  EngineCore engine(*lm.model, *lm.tokenizer, a.engine);
   if (lm.model->config().hybrid()) {
     const KvPoolShape& shape = engine.kv_pool().shape();
     std::fprintf(stderr,

@@ -264,16 +264,19 @@ void TransferAgent::apply(const pd::Effect& e) {
       pd::TransferId transfer = e.transfer;
       ++counters_.rma_posts;
       timeline(transfer).rma_posted_us = monotonic_us();
-      std::vector<pd::BlockId> local = e.local_blocks, remote = e.remote_blocks;
+      std::vector<transport::RmaRun> runs;
       if (pd::kMutationsBuilt && config_.mutation_skip_state_transfer) {
-        const auto kv_blocks = static_cast<pd::BlockId>(engine_.n_kv_blocks());
-        for (size_t i = local.size(); i-- > 0;)
-          if (local[i] >= kv_blocks) {
-            local.erase(local.begin() + static_cast<ptrdiff_t>(i));
-            remote.erase(remote.begin() + static_cast<ptrdiff_t>(i));
+        // Test-only: the state slot's blocks (ids past the KV blocks) stay behind.
+        std::vector<pd::BlockId> local, remote;
+        for (size_t i = 0; i < e.local_blocks.size() && i < e.remote_blocks.size(); ++i)
+          if (e.local_blocks[i] < static_cast<pd::BlockId>(engine_.n_kv_blocks())) {
+            local.push_back(e.local_blocks[i]);
+            remote.push_back(e.remote_blocks[i]);
           }
+        runs = coalesce(local, remote, block_bytes_);
+      } else {
+        runs = coalesce(e.local_blocks, e.remote_blocks, block_bytes_);
       }
-      auto runs = coalesce(local, remote, block_bytes_);
       if (runs.empty()) {
         // A zero-block transfer (N = 1, or a full prefix hit) completes at once.
         post([this, transfer, write] {

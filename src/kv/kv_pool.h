@@ -46,7 +46,6 @@ class KvPool {
 
   const KvPoolShape& shape() const { return shape_; }
   size_t block_bytes() const { return block_bytes_; }
-  size_t size_bytes() const { return block_bytes_ * static_cast<size_t>(shape_.n_blocks); }
   uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }
 

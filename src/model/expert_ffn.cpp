@@ -13,12 +13,6 @@
 
 namespace tandem {
 
-namespace {
-
-uint64_t bytes_of(const kernels::WeightMatrix& w) { return static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows); }
-
-}  // namespace
-
 ExpertFfnWeights load_expert_ffn(const gguf::File& f, const std::string& p, const ModelConfig& c) {
   ExpertFfnWeights w;
   w.ffn_norm = weight_vector(f, p + (c.arch == "qwen3next" ? "post_attention_norm.weight" : "ffn_norm.weight"), c.n_embd);
@@ -48,9 +42,9 @@ std::vector<kernels::WeightMatrix*> ExpertFfnWeights::matrices() {
 
 uint64_t ExpertFfnWeights::bytes_per_token(int64_t n_used) const {
   const uint64_t shared =
-      has_shared ? bytes_of(shared_gate_inp) + bytes_of(shared_gate) + bytes_of(shared_up) + bytes_of(shared_down) : 0;
-  return bytes_of(router) + shared +
-         static_cast<uint64_t>(n_used) * (bytes_of(gate[0]) + bytes_of(up[0]) + bytes_of(down[0]));
+      has_shared ? matrix_bytes(shared_gate_inp) + matrix_bytes(shared_gate) + matrix_bytes(shared_up) + matrix_bytes(shared_down) : 0;
+  return matrix_bytes(router) + shared +
+         static_cast<uint64_t>(n_used) * (matrix_bytes(gate[0]) + matrix_bytes(up[0]) + matrix_bytes(down[0]));
 }
 
 void route_token(const float* logits, int64_t n_expert, int64_t n_used, float scale, int32_t* experts,
@@ -108,9 +102,9 @@ void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
     for (int32_t e : ws.expert_of_slot) ++ws.expert_first_row[static_cast<size_t>(e) + 1];
     for (int64_t e = 0; e < X; ++e) ws.expert_first_row[static_cast<size_t>(e + 1)] += ws.expert_first_row[static_cast<size_t>(e)];
     ws.row_of_slot.resize(size(n, K));
-    std::vector<int32_t> next(ws.expert_first_row.begin(), ws.expert_first_row.end() - 1);
+    ws.expert_next_row.assign(ws.expert_first_row.begin(), ws.expert_first_row.end() - 1);
     for (size_t slot = 0; slot < ws.expert_of_slot.size(); ++slot)
-      ws.row_of_slot[slot] = next[static_cast<size_t>(ws.expert_of_slot[slot])]++;
+      ws.row_of_slot[slot] = ws.expert_next_row[static_cast<size_t>(ws.expert_of_slot[slot])]++;
     // One token's experts all read its one row in place; a prompt's rows are gathered.
     if (n > 1) {
       ws.expert_in.resize(size(n * K, E));

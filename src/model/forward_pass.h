@@ -33,7 +33,7 @@ struct ForwardWorkspace {
   // and weights, and the rows gathered per expert with their results.
   std::vector<float> router_logits, expert_weight, expert_in, expert_gate, expert_up, expert_out;
   std::vector<float> shared_gate, shared_gate_up, shared_out;  // qwen3next's shared expert
-  std::vector<int32_t> expert_of_slot, row_of_slot, expert_first_row;
+  std::vector<int32_t> expert_of_slot, row_of_slot, expert_first_row, expert_next_row;
   std::vector<kernels::MatmulTask> expert_tasks;
   // Gated delta-net (delta_net_layer.h) and gated attention.
   std::vector<float> ssm_qkv, ssm_conv, ssm_conv_keep, ssm_z, ssm_ba, ssm_out, qg, attn_gate;

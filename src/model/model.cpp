@@ -36,7 +36,6 @@ void prefault(std::span<const std::pair<const uint8_t*, uint64_t>> ranges, uint6
   }
 }
 
-uint64_t matrix_bytes(const WeightMatrix& w) { return static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows); }
 
 }  // namespace
 
@@ -120,18 +119,26 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
   return m;
 }
 
-std::vector<WeightMatrix*> Layer::matrices() {
-  std::vector<WeightMatrix*> all;
+std::vector<WeightMatrix*> Layer::mixer_matrices() {
   switch (plan.mixer) {
-    case MixerKind::kFullAttention: all = attn.matrices(); break;
-    case MixerKind::kGatedDeltaNet: all = delta.matrices(); break;
+    case MixerKind::kFullAttention: return attn.matrices();
+    case MixerKind::kGatedDeltaNet: return delta.matrices();
   }
-  std::vector<WeightMatrix*> ffn_matrices;
+  return {};
+}
+
+std::vector<WeightMatrix*> Layer::ffn_matrices() {
   switch (plan.ffn) {
-    case FfnKind::kDense: ffn_matrices = ffn.matrices(); break;
-    case FfnKind::kExperts: ffn_matrices = experts.matrices(); break;
+    case FfnKind::kDense: return ffn.matrices();
+    case FfnKind::kExperts: return experts.matrices();
   }
-  all.insert(all.end(), ffn_matrices.begin(), ffn_matrices.end());
+  return {};
+}
+
+std::vector<WeightMatrix*> Layer::matrices() {
+  std::vector<WeightMatrix*> all = mixer_matrices();
+  const std::vector<WeightMatrix*> f = ffn_matrices();
+  all.insert(all.end(), f.begin(), f.end());
   return all;
 }
 
@@ -143,11 +150,9 @@ DType Model::weight_dtype() const {
 
 uint64_t Layer::bytes_per_token(const ModelConfig& c) {
   uint64_t bytes = 0;
-  for (const WeightMatrix* w : matrices()) bytes += matrix_bytes(*w);
-  if (plan.ffn == FfnKind::kExperts) {
-    for (const WeightMatrix* w : experts.matrices()) bytes -= matrix_bytes(*w);
-    bytes += experts.bytes_per_token(c.n_expert_used);
-  }
+  for (const WeightMatrix* w : mixer_matrices()) bytes += matrix_bytes(*w);
+  if (plan.ffn == FfnKind::kExperts) return bytes + experts.bytes_per_token(c.n_expert_used);
+  for (const WeightMatrix* w : ffn_matrices()) bytes += matrix_bytes(*w);
   return bytes;
 }
 

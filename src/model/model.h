@@ -49,7 +49,9 @@ struct Layer {
   DeltaNetWeights delta;
   DenseFfnWeights ffn;
   ExpertFfnWeights experts;
-  std::vector<kernels::WeightMatrix*> matrices();
+  std::vector<kernels::WeightMatrix*> matrices();  // the mixer's, then the FFN's
+  std::vector<kernels::WeightMatrix*> mixer_matrices();
+  std::vector<kernels::WeightMatrix*> ffn_matrices();
   // Weight bytes one decode token reads (only the experts it is routed to).
   uint64_t bytes_per_token(const ModelConfig& c);
 };

@@ -20,6 +20,10 @@ kernels::WeightMatrix weight_matrix(const gguf::File& f, const std::string& name
 // {cols, rows, n_expert}), each a view of its slice.
 std::vector<kernels::WeightMatrix> expert_matrices(const gguf::File& f, const std::string& name, int64_t cols,
                                                    int64_t rows, int64_t n_expert);
+// Bytes of a matrix's data.
+inline uint64_t matrix_bytes(const kernels::WeightMatrix& w) {
+  return static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows);
+}
 // An f32 vector of n elements; null when absent and not required.
 const float* weight_vector(const gguf::File& f, const std::string& name, int64_t n, bool required = true);
 
