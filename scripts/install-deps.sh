@@ -7,7 +7,7 @@ PACKAGES=(
   cmake ninja-build g++ ccache pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
-  libucx-dev ucx-utils iproute2 curl
+  libucx-dev ucx-utils libgloo-dev iproute2 curl
   spin
 )
 

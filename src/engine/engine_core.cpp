@@ -82,9 +82,17 @@ EngineCore::EngineCore(Model& model, const Tokenizer& tokenizer, const EngineCon
 
 EngineCore::~EngineCore() { stop(); }
 
+void EngineCore::set_lockstep(LockstepHooks hooks) {
+  TANDEM_ASSERT(!running_.load() && hooks.connect, "set_lockstep before start(), with a connect hook");
+  lockstep_ = std::move(hooks);
+  lockstep_enabled_ = true;
+  std::lock_guard<std::mutex> lock(lockstep_mu_);
+  lockstep_info_.enabled = true;
+}
+
 void EngineCore::start() {
   if (running_.exchange(true)) return;
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] { lockstep_enabled_ ? lockstep_loop() : loop(); });
 }
 
 void EngineCore::stop() {
@@ -499,27 +507,29 @@ void EngineCore::emit(RequestState& r, std::string error) {
   if (r.req.sink) r.req.sink(std::move(out));
 }
 
-bool EngineCore::step() {
-  drain_inputs();
+void EngineCore::publish() {
   // The KV snapshot and the gauges: refreshed after every step, and also when
   // there is nothing to step, since aborts alone can release the last owned
   // blocks and no step would follow to show it.
-  const auto publish = [this] {
-    const BlockManagerStats st = blocks_->stats();
-    const int64_t slots_used = states_ ? states_->n_used() : 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      kv_stats_ = st;
-      state_slots_used_ = slots_used;
-    }
-    metrics_.state_slots_used = slots_used;
-    metrics_.running = scheduler_->n_running();
-    metrics_.waiting = scheduler_->n_waiting();
-    metrics_.kv_blocks_used = st.owned;
-    metrics_.kv_blocks_cached = st.cached;
-    metrics_.prefix_query_tokens = st.prefix_queries_tokens;
-    metrics_.prefix_hit_tokens = st.prefix_hits_tokens;
-  };
+  const BlockManagerStats st = blocks_->stats();
+  const int64_t slots_used = states_ ? states_->n_used() : 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_stats_ = st;
+    state_slots_used_ = slots_used;
+  }
+  metrics_.state_slots_used = slots_used;
+  metrics_.running = scheduler_->n_running();
+  metrics_.waiting = scheduler_->n_waiting();
+  metrics_.kv_blocks_used = st.owned;
+  metrics_.kv_blocks_cached = st.cached;
+  metrics_.prefix_query_tokens = st.prefix_queries_tokens;
+  metrics_.prefix_hit_tokens = st.prefix_hits_tokens;
+}
+
+bool EngineCore::step() {
+  TANDEM_ASSERT(!lockstep_enabled_, "a lockstep engine steps with its group");
+  drain_inputs();
   if (!scheduler_->has_work()) {
     publish();
     return false;
@@ -538,7 +548,11 @@ bool EngineCore::step() {
     publish();
     return false;
   }
+  run_step(out, step_no, step_sw, schedule_ns);
+  return true;
+}
 
+void EngineCore::run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& step_sw, int64_t schedule_ns) {
   for (const auto& [from, to] : out.block_copies)
     std::memcpy(kv_->block(to), kv_->block(from), kv_->block_bytes());
 
@@ -594,7 +608,116 @@ bool EngineCore::step() {
   metrics_.steps = static_cast<int64_t>(step_no);
   metrics_.step_time_ns_total += static_cast<int64_t>(step_sw.elapsed_s() * 1e9);
   metrics_.schedule_time_ns_total += schedule_ns;
-  return true;
+}
+
+bool EngineCore::ready(std::string* why) const {
+  if (!lockstep_enabled_) return true;
+  std::lock_guard<std::mutex> lock(lockstep_mu_);
+  if (lockstep_info_.connected) return true;
+  if (why != nullptr)
+    *why = "the data-parallel group of rank " + std::to_string(lockstep_info_.rank) + " is not formed" +
+           (lockstep_info_.last_error.empty() ? std::string() : " (last error: " + lockstep_info_.last_error + ")");
+  return false;
+}
+
+LockstepStatus EngineCore::lockstep_status() const {
+  std::lock_guard<std::mutex> lock(lockstep_mu_);
+  LockstepStatus st = lockstep_info_;
+  if (group_) {
+    st.counters = group_->counters();
+    st.in_flight = group_->in_flight();
+  }
+  return st;
+}
+
+void EngineCore::fail_all(const std::string& error) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, r] : requests_) ids.push_back(id);
+  for (uint64_t id : ids) abort_now(id, error);
+}
+
+void EngineCore::lockstep_loop() {
+  while (running_.load(std::memory_order_acquire)) {
+    heartbeat_.fetch_add(1, std::memory_order_acq_rel);
+    if (!group_) {
+      try {
+        auto group = lockstep_.connect();
+        std::lock_guard<std::mutex> lock(lockstep_mu_);
+        group_ = std::move(group);
+        lockstep_step_ = 0;
+        lockstep_info_.connected = true;
+        lockstep_info_.rank = group_->rank();
+        lockstep_info_.size = group_->size();
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard<std::mutex> lock(lockstep_mu_);
+          lockstep_info_.last_error = e.what();
+        }
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::milliseconds(lockstep_.reconnect_wait_ms),
+                     [&] { return !running_.load(std::memory_order_acquire); });
+        continue;
+      }
+    }
+    if (lockstep_step()) continue;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(lockstep_.idle_wait_ms), [&] {
+      return !pending_adds_.empty() || !pending_aborts_.empty() || !pending_arrivals_.empty() ||
+             !pending_releases_.empty() || !running_.load(std::memory_order_acquire);
+    });
+  }
+}
+
+bool EngineCore::lockstep_step() {
+  drain_inputs();
+  Stopwatch step_sw;
+  SchedulerOutput out;
+  if (scheduler_->has_work()) {
+    out = scheduler_->schedule();
+    metrics_.preemptions += out.n_preempted;
+  }
+  const auto schedule_ns = static_cast<int64_t>(step_sw.elapsed_s() * 1e9);
+  parallel::StepHeader header;
+  bool prefill = false, decode = false;
+  for (const ScheduledChunk& c : out.chunks) {
+    header.n_tokens += c.length;
+    header.produces_output = header.produces_output || c.want_logits;
+    (c.start >= c.seq->n_prompt ? decode : prefill) = true;
+  }
+  header.n_padded_tokens = header.n_tokens;
+  header.phase = prefill && decode ? parallel::StepPhase::kMixed
+                 : prefill         ? parallel::StepPhase::kPrefill
+                 : decode          ? parallel::StepPhase::kDecode
+                                   : parallel::StepPhase::kIdle;
+  header.n_running = scheduler_->n_running();
+  header.n_waiting = scheduler_->n_waiting() + static_cast<int64_t>(awaiting_allocation_.size());
+  header.kv_blocks_free = blocks_->stats().free;
+  try {
+    const parallel::StepDecision d = group_->begin_step(++lockstep_step_, header);
+    {
+      std::lock_guard<std::mutex> lock(lockstep_mu_);
+      lockstep_info_.step_id = d.step_id;
+      lockstep_info_.loads = d.ranks;
+    }
+    if (!out.chunks.empty()) run_step(out, step_.load(std::memory_order_relaxed) + 1, step_sw, schedule_ns);
+    else publish();  // a dummy step (peers have work) or an idle one: this rank computes nothing
+    group_->end_step();
+    return d.any_work;
+  } catch (const parallel::LockstepError& e) {
+    // Every rank raised this error in the same op: the requests in flight here
+    // end with it, the group is rebuilt, and the next requests are served.
+    fail_all(e.what());
+    publish();
+    {
+      std::lock_guard<std::mutex> lock(lockstep_mu_);
+      group_.reset();
+      lockstep_info_.connected = false;
+      ++lockstep_info_.group_failures;
+      lockstep_info_.last_error = e.what();
+    }
+    if (lockstep_.on_failure) lockstep_.on_failure(e);
+    return false;
+  }
 }
 
 }  // namespace tandem

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,8 @@
 #include "kernels/dtype.h"
 #include "kv/block_manager.h"
 #include "kv/kv_pool.h"
+#include "util/clock.h"
+#include "parallel/lockstep_group.h"
 
 namespace tandem {
 
@@ -50,6 +53,36 @@ struct EngineConfig {
   bool mutation_advance_state_twice = false;
 };
 
+// Data parallelism: the engine is one rank of a lockstep group (DESIGN.md,
+// principle 5). Every loop iteration is a step of the group: the step
+// consensus first, with what this rank scheduled (nothing: a dummy step of
+// the agreed shape), then the step. When no rank has work the group idles
+// with a bounded wait between consensus rounds.
+struct LockstepHooks {
+  // Builds the group; called on the engine thread (which then owns it) at
+  // start and after every group failure. Throws when the peers do not come
+  // (the loop retries; the engine reports itself not ready meanwhile).
+  std::function<std::unique_ptr<parallel::LockstepGroup>()> connect;
+  // After a group failure failed the in-flight requests, before reconnecting.
+  std::function<void(const parallel::LockstepError&)> on_failure;
+  int idle_wait_ms = 5;         // between consensus rounds when no rank has work
+  int reconnect_wait_ms = 200;  // between attempts to (re)build the group
+};
+
+// What /debug/parallel and /metrics show of a lockstep engine.
+struct LockstepStatus {
+  bool enabled = false;
+  bool connected = false;
+  int rank = 0;
+  int size = 1;
+  int64_t step_id = 0;
+  int64_t group_failures = 0;
+  std::string last_error;
+  parallel::GroupCounters counters;
+  parallel::InFlightOp in_flight;
+  std::vector<parallel::RankLoad> loads;  // per rank, from the last consensus
+};
+
 class EngineCore {
  public:
   EngineCore(Model& model, const Tokenizer& tokenizer, const EngineConfig& config);
@@ -57,6 +90,8 @@ class EngineCore {
   EngineCore(const EngineCore&) = delete;
   EngineCore& operator=(const EngineCore&) = delete;
 
+  // Makes this engine a rank of a lockstep group; before start().
+  void set_lockstep(LockstepHooks hooks);
   // Runs the loop on its own thread until stop().
   void start();
   void stop();
@@ -98,12 +133,24 @@ class EngineCore {
   // (the same snapshot as kv_stats).
   int64_t state_slots_total() const;
   int64_t state_slots_used() const;
+  // Whether the engine can serve: always, unless it is a rank whose group is
+  // not formed (then *why says so).
+  bool ready(std::string* why = nullptr) const;
+  LockstepStatus lockstep_status() const;
 
  private:
   struct SeqState;
   struct RequestState;
 
   void loop();
+  void lockstep_loop();
+  // One step of the group; returns whether any rank had work.
+  bool lockstep_step();
+  // Runs a scheduled step: the forward, sampling, outputs.
+  void run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& step_sw, int64_t schedule_ns);
+  void publish();
+  // Ends every live request with `error` (the group failed under them).
+  void fail_all(const std::string& error);
   void drain_inputs();
   void admit(EngineRequest&& req);
   void abort_now(uint64_t id, std::string error = {});
@@ -148,6 +195,13 @@ class EngineCore {
   std::atomic<uint64_t> heartbeat_{0};
   std::atomic<uint64_t> step_{0};
   EngineMetrics metrics_;
+
+  LockstepHooks lockstep_;
+  bool lockstep_enabled_ = false;
+  std::unique_ptr<parallel::LockstepGroup> group_;  // used by the engine thread only
+  int64_t lockstep_step_ = 0;
+  mutable std::mutex lockstep_mu_;  // guards group_ swaps (against readers) and lockstep_info_
+  LockstepStatus lockstep_info_;
 };
 
 }  // namespace tandem

@@ -1,0 +1,78 @@
+#include "transport/gloo_transport.h"
+
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <chrono>
+#include <cstring>
+
+namespace tandem {
+namespace {
+
+// The one slot control frames travel on (data ops use others).
+constexpr uint64_t kControlSlot = 0x74616e64;
+
+template <typename F>
+void translating_gloo_errors(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const ::gloo::Exception& e) {
+    throw parallel::TransportError(std::string(what) + ": " + e.what());
+  } catch (const ::gloo::EnforceNotMet& e) {
+    throw parallel::TransportError(std::string(what) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+GlooTransport::GlooTransport(const GlooGroupOptions& options)
+    : options_(options), recv_frames_(new parallel::Frame[static_cast<size_t>(options.size)]) {
+  translating_gloo_errors("data-parallel rendezvous", [&] {
+    ::gloo::transport::tcp::attr attr;
+    attr.hostname = options.bind_host;
+    auto device = ::gloo::transport::tcp::CreateDevice(attr);
+    ::gloo::rendezvous::FileStore file_store(options.rendezvous_dir);
+    ::gloo::rendezvous::PrefixStore store(options.generation, file_store);
+    auto context = std::make_shared<::gloo::rendezvous::Context>(options.rank, options.size);
+    // connectFullMesh copies the timeout into the transport: set it first.
+    context->setTimeout(std::chrono::milliseconds(options.timeout_ms));
+    context->connectFullMesh(store, device);
+    context_ = context;
+  });
+  send_buf_ = context_->createUnboundBuffer(&send_frame_, sizeof(parallel::Frame));
+  recv_buf_ = context_->createUnboundBuffer(recv_frames_.get(), sizeof(parallel::Frame) * static_cast<size_t>(options.size));
+}
+
+GlooTransport::~GlooTransport() = default;
+
+void GlooTransport::exchange(const parallel::Frame& mine, std::span<parallel::Frame> all,
+                             const std::function<void(int)>& arrived) {
+  const int n = options_.size;
+  const auto timeout = std::chrono::milliseconds(options_.timeout_ms);
+  send_frame_ = mine;
+  translating_gloo_errors("data-parallel exchange", [&] {
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == options_.rank) continue;
+      recv_buf_->recv(peer, kControlSlot, sizeof(parallel::Frame) * static_cast<size_t>(peer), sizeof(parallel::Frame));
+      send_buf_->send(peer, kControlSlot, 0, sizeof(parallel::Frame));
+    }
+    for (int i = 0; i < n - 1; ++i) {
+      int src = -1;
+      if (!recv_buf_->waitRecv(&src, timeout))
+        throw parallel::TransportError("data-parallel exchange: receive aborted");
+      arrived(src);
+    }
+    for (int i = 0; i < n - 1; ++i) {
+      if (!send_buf_->waitSend(timeout)) throw parallel::TransportError("data-parallel exchange: send aborted");
+    }
+  });
+  recv_frames_[static_cast<size_t>(options_.rank)] = mine;
+  std::memcpy(all.data(), recv_frames_.get(), sizeof(parallel::Frame) * static_cast<size_t>(n));
+}
+
+}  // namespace tandem
