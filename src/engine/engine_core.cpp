@@ -636,6 +636,22 @@ void EngineCore::fail_all(const std::string& error) {
   for (uint64_t id : ids) abort_now(id, error);
 }
 
+void EngineCore::fail_pending_adds(const std::string& error) {
+  std::deque<EngineRequest> adds;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    adds.swap(pending_adds_);
+  }
+  for (EngineRequest& req : adds) {
+    RequestOutput out;
+    out.request_id = req.id;
+    out.error = error;
+    out.finished = true;
+    ++metrics_.requests_aborted;
+    if (req.sink) req.sink(std::move(out));
+  }
+}
+
 void EngineCore::lockstep_loop() {
   while (running_.load(std::memory_order_acquire)) {
     heartbeat_.fetch_add(1, std::memory_order_acq_rel);
@@ -653,6 +669,9 @@ void EngineCore::lockstep_loop() {
           std::lock_guard<std::mutex> lock(lockstep_mu_);
           lockstep_info_.last_error = e.what();
         }
+        // No request waits for a group that is not there: what arrived ends
+        // at once with the reason (the HTTP front answers 503 meanwhile).
+        fail_pending_adds("the data-parallel group is not formed: " + std::string(e.what()));
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait_for(lock, std::chrono::milliseconds(lockstep_.reconnect_wait_ms),
                      [&] { return !running_.load(std::memory_order_acquire); });
@@ -710,6 +729,7 @@ bool EngineCore::lockstep_step() {
     publish();
     {
       std::lock_guard<std::mutex> lock(lockstep_mu_);
+      lockstep_info_.counters = group_->counters();  // kept: what the failed group did
       group_.reset();
       lockstep_info_.connected = false;
       ++lockstep_info_.group_failures;

@@ -151,6 +151,8 @@ class EngineCore {
   void publish();
   // Ends every live request with `error` (the group failed under them).
   void fail_all(const std::string& error);
+  // Ends every request not yet admitted with `error` (no group to serve it).
+  void fail_pending_adds(const std::string& error);
   void drain_inputs();
   void admit(EngineRequest&& req);
   void abort_now(uint64_t id, std::string error = {});
