@@ -1,14 +1,23 @@
-// Helpers for tests that talk to tandem processes over HTTP: a free port,
-// and one value of an instance's or the router's Prometheus /metrics.
+// Helpers for tests that start tandem processes and talk to them over HTTP:
+// a process group per command (killed and reaped on every exit path), a
+// free port, and one value of an instance's or the router's /metrics.
 #pragma once
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
+
+#include "util/clock.h"
 
 namespace tandem::testing {
 
@@ -44,5 +53,67 @@ inline double metric(const std::string& host, int port, const std::string& name)
   }
   return -2;
 }
+
+// A process group running one command; killed and reaped when it goes.
+class ProcessGroup {
+ public:
+  explicit ProcessGroup(const std::string& command) {
+    int fds[2];
+    EXPECT_EQ(pipe(fds), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      dup2(fds[1], STDERR_FILENO);
+      close(fds[0]);
+      execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    setpgid(pid_, pid_);
+    close(fds[1]);
+    fd_ = fds[0];
+  }
+  ~ProcessGroup() {
+    if (pid_ > 0) {
+      kill(-pid_, SIGTERM);
+      int64_t until = monotonic_ms() + 15'000;
+      while (monotonic_ms() < until && waitpid(pid_, nullptr, WNOHANG) == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      kill(-pid_, SIGKILL);  // anything left in the group
+      waitpid(pid_, nullptr, WNOHANG);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  // Reads stderr until a line contains `needle` (true) or timeout_ms passes.
+  bool wait_for(const std::string& needle, int timeout_ms, std::string* line_out = nullptr) {
+    int64_t until = monotonic_ms() + timeout_ms;
+    while (monotonic_ms() < until) {
+      size_t nl;
+      while ((nl = buffer_.find('\n')) != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        log_ += line + "\n";
+        if (line.find(needle) != std::string::npos) {
+          if (line_out) *line_out = line;
+          return true;
+        }
+      }
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) > 0) {
+        char buf[4096];
+        ssize_t n = read(fd_, buf, sizeof(buf));
+        if (n <= 0) return false;
+        buffer_.append(buf, static_cast<size_t>(n));
+      }
+    }
+    return false;
+  }
+  const std::string& log() const { return log_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string buffer_, log_;
+};
 
 }  // namespace tandem::testing

@@ -40,76 +40,16 @@ using json = nlohmann::json;
 
 using testing::free_port;
 
-// A process group running one command; killed and reaped when it goes.
-class Group {
- public:
-  explicit Group(const std::string& command) {
-    int fds[2];
-    EXPECT_EQ(pipe(fds), 0);
-    pid_ = fork();
-    if (pid_ == 0) {
-      setpgid(0, 0);
-      dup2(fds[1], STDERR_FILENO);
-      close(fds[0]);
-      execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    setpgid(pid_, pid_);
-    close(fds[1]);
-    fd_ = fds[0];
-  }
-  ~Group() {
-    if (pid_ > 0) {
-      kill(-pid_, SIGTERM);
-      int64_t until = monotonic_ms() + 15'000;
-      while (monotonic_ms() < until && waitpid(pid_, nullptr, WNOHANG) == 0)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      kill(-pid_, SIGKILL);  // anything left in the group
-      waitpid(pid_, nullptr, WNOHANG);
-    }
-    if (fd_ >= 0) close(fd_);
-  }
-  // Reads stderr until a line contains `needle` (true) or timeout_ms passes.
-  bool wait_for(const std::string& needle, int timeout_ms, std::string* line_out = nullptr) {
-    int64_t until = monotonic_ms() + timeout_ms;
-    while (monotonic_ms() < until) {
-      size_t nl;
-      while ((nl = buffer_.find('\n')) != std::string::npos) {
-        std::string line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        log_ += line + "\n";
-        if (line.find(needle) != std::string::npos) {
-          if (line_out) *line_out = line;
-          return true;
-        }
-      }
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 100) > 0) {
-        char buf[4096];
-        ssize_t n = read(fd_, buf, sizeof(buf));
-        if (n <= 0) return false;
-        buffer_.append(buf, static_cast<size_t>(n));
-      }
-    }
-    return false;
-  }
-  const std::string& log() const { return log_; }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  std::string buffer_, log_;
-};
+using testing::ProcessGroup;
 
 struct Cluster {
   int port = free_port();
-  std::unique_ptr<Group> group;
+  std::unique_ptr<ProcessGroup> group;
   std::map<std::string, pid_t> pids;  // "router", "prefill 0", "decode 0", ...
   Cluster(int prefill, int decode, const std::string& mode, const std::string& extra = "", int kv_cache_mb = 16,
           const std::string& arch = "llama") {
     const std::string model = testing::tiny_model_path(arch, kernels::DType::kF16);
-    group = std::make_unique<Group>(std::string(TANDEM_BINARY) + " cluster --prefill " + std::to_string(prefill) +
+    group = std::make_unique<ProcessGroup>(std::string(TANDEM_BINARY) + " cluster --prefill " + std::to_string(prefill) +
                                     " --decode " + std::to_string(decode) + " --mode " + mode + " -m " + model +
                                     " --port " + std::to_string(port) + " --kv-cache-mb " + std::to_string(kv_cache_mb) +
                                     " -t 1 --ready-timeout 60 " +
@@ -135,11 +75,11 @@ struct Cluster {
 };
 
 struct Single {
-  std::unique_ptr<Group> group;
+  std::unique_ptr<ProcessGroup> group;
   int port = 0;
   explicit Single(const std::string& arch = "llama") {
     const std::string model = testing::tiny_model_path(arch, kernels::DType::kF16);
-    group = std::make_unique<Group>(std::string(TANDEM_BINARY) + " serve -m " + model +
+    group = std::make_unique<ProcessGroup>(std::string(TANDEM_BINARY) + " serve -m " + model +
                                     " --port 0 -t 1 --kv-cache-mb 16");
     std::string line;
     if (group->wait_for("http://127.0.0.1:", 30'000, &line)) port = std::stoi(line.substr(line.find("127.0.0.1:") + 10));
@@ -347,7 +287,7 @@ INSTANTIATE_TEST_SUITE_P(Topologies, PdClusterLoad, ::testing::Values(std::make_
 TEST(PdClusterErrors, NoDecodeInstanceIsA503NamingIt) {
   int port = free_port();
   setenv("TANDEM_CLUSTER_SECRET", "s", 1);
-  Group router(std::string(TANDEM_BINARY) + " router --port " + std::to_string(port));
+  ProcessGroup router(std::string(TANDEM_BINARY) + " router --port " + std::to_string(port));
   ASSERT_TRUE(router.wait_for("OpenAI API on", 10'000)) << router.log();
   int status = 0;
   json body = post(port, "/v1/completions", completion("x", 2), &status);
@@ -362,10 +302,10 @@ TEST(PdClusterErrors, NoDecodeInstanceIsA503NamingIt) {
 TEST(PdClusterErrors, AnInstanceWithAWrongSecretCannotJoin) {
   int port = free_port();
   setenv("TANDEM_CLUSTER_SECRET", "right", 1);
-  Group router(std::string(TANDEM_BINARY) + " router --port " + std::to_string(port));
+  ProcessGroup router(std::string(TANDEM_BINARY) + " router --port " + std::to_string(port));
   ASSERT_TRUE(router.wait_for("OpenAI API on", 10'000));
   const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
-  Group intruder("env TANDEM_CLUSTER_SECRET=wrong " + std::string(TANDEM_BINARY) + " serve --role decode --router http://127.0.0.1:" +
+  ProcessGroup intruder("env TANDEM_CLUSTER_SECRET=wrong " + std::string(TANDEM_BINARY) + " serve --role decode --router http://127.0.0.1:" +
                  std::to_string(port) + " -m " + model + " --port 0 -t 1 --kv-cache-mb 16");
   EXPECT_TRUE(intruder.wait_for("cluster secret differs", 20'000)) << intruder.log();
   int wstatus = 0;
@@ -569,12 +509,12 @@ TEST(PdClusterFailures, ARequestIsRetriedOnAnotherDecodeBeforeItsFirstByte) {
   setenv("TANDEM_CLUSTER_SECRET", "retry", 1);
   const std::string join = " --router http://127.0.0.1:" + std::to_string(port) + " -m " + model +
                            " --port 0 -t 1 --kv-cache-mb 16";
-  Group router(bin + " router --port " + std::to_string(port) + " --eviction-ms 60000");
+  ProcessGroup router(bin + " router --port " + std::to_string(port) + " --eviction-ms 60000");
   ASSERT_TRUE(router.wait_for("OpenAI API on", 10'000));
-  Group prefill(bin + " serve --role prefill --node-id 2" + join);
-  Group first(bin + " serve --role decode --node-id 3" + join);
-  Group second(bin + " serve --role decode --node-id 4" + join);
-  for (Group* g : {&prefill, &first, &second}) ASSERT_TRUE(g->wait_for("registered with", 30'000)) << g->log();
+  ProcessGroup prefill(bin + " serve --role prefill --node-id 2" + join);
+  ProcessGroup first(bin + " serve --role decode --node-id 3" + join);
+  ProcessGroup second(bin + " serve --role decode --node-id 4" + join);
+  for (ProcessGroup* g : {&prefill, &first, &second}) ASSERT_TRUE(g->wait_for("registered with", 30'000)) << g->log();
   Single single;
   ASSERT_GT(single.port, 0);
   // Node 3 is picked first (equal load, lowest id); it is gone but still registered.
@@ -653,10 +593,10 @@ TEST(PdClusterFailures, ARestartedDecodeDropsAndCountsMessagesForItsOldEpoch) {
   setenv("TANDEM_CLUSTER_SECRET", secret.c_str(), 1);
   const std::string join = " --router http://127.0.0.1:" + std::to_string(port) + " -m " + model +
                            " --port 0 -t 1 --kv-cache-mb 16";
-  Group router(bin + " router --port " + std::to_string(port) + " --eviction-ms 60000");
+  ProcessGroup router(bin + " router --port " + std::to_string(port) + " --eviction-ms 60000");
   ASSERT_TRUE(router.wait_for("OpenAI API on", 10'000));
-  Group prefill(bin + " serve --role prefill --node-id 2" + join);
-  auto decode = std::make_unique<Group>(bin + " serve --role decode --node-id 3" + join);
+  ProcessGroup prefill(bin + " serve --role prefill --node-id 2" + join);
+  auto decode = std::make_unique<ProcessGroup>(bin + " serve --role decode --node-id 3" + join);
   ASSERT_TRUE(prefill.wait_for("registered with", 30'000)) << prefill.log();
   ASSERT_TRUE(decode->wait_for("registered with", 30'000)) << decode->log();
   Single single;
@@ -678,7 +618,7 @@ TEST(PdClusterFailures, ARestartedDecodeDropsAndCountsMessagesForItsOldEpoch) {
   ASSERT_EQ(kill(-decode->pid(), SIGKILL), 0);
   waitpid(decode->pid(), nullptr, 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(150));  // epochs count tenths of a second
-  decode = std::make_unique<Group>(bin + " serve --role decode --node-id 3" + join);
+  decode = std::make_unique<ProcessGroup>(bin + " serve --role decode --node-id 3" + join);
   ASSERT_TRUE(decode->wait_for("registered with", 30'000)) << decode->log();
   json entry = decode_entry();
   for (int64_t until = monotonic_ms() + 10'000; entry.value("epoch", pd::Epoch{0}) == old_epoch && monotonic_ms() < until;) {
@@ -778,7 +718,7 @@ TEST(PdClusterFailures, AClientDisconnectAbortsBothLegs) {
 // once with 503 and an OpenAI error, and counted; none waits unseen.
 TEST(ServeOverload, ConnectionsBeyondTheQueueGet503AtOnce) {
   const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
-  Group server(std::string(TANDEM_BINARY) + " serve -m " + model +
+  ProcessGroup server(std::string(TANDEM_BINARY) + " serve -m " + model +
                " --port 0 -t 1 --kv-cache-mb 16 --http-threads 4 --max-queued-connections 2");
   std::string line;
   ASSERT_TRUE(server.wait_for("http://127.0.0.1:", 30'000, &line));

@@ -3,6 +3,8 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include <chrono>
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/data_parallel.h"
 #include "cli/demo_model.h"
 #include "cli/loaded_model.h"
 #include "cli/pd_instance.h"
@@ -36,7 +39,57 @@ struct ServeArgs {
   std::string kv_transfer_config;
   PdInstanceOptions pd;
   bool role_given = false;
+  DataParallelOptions dp;
 };
+
+// This process's command line, for starting the host's other ranks.
+std::vector<std::string> own_argv() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> argv;
+  for (size_t start = 0; start < all.size();) {
+    const size_t end = all.find('\0', start);
+    argv.push_back(all.substr(start, end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return argv;
+}
+
+// Which rank this process runs and where the ranks meet; throws Error on a
+// combination that cannot work. Returns whether this process owns (created)
+// the rendezvous directory.
+bool resolve_data_parallel(ServeArgs& a, int* rank, bool* spawned) {
+  DataParallelOptions& dp = a.dp;
+  *rank = dp.start_rank;
+  *spawned = false;
+  if (const char* r = std::getenv(kRankEnv)) {
+    *rank = std::atoi(r);
+    const char* dir = std::getenv(kRendezvousEnv);
+    dp.rendezvous_dir = dir != nullptr ? dir : "";
+    *spawned = true;
+    return false;
+  }
+  if (!dp.enabled()) return false;
+  if (dp.start_rank >= dp.size || dp.start_rank + dp.local_count() > dp.size)
+    throw Error("--data-parallel-start-rank " + std::to_string(dp.start_rank) + " with --data-parallel-size-local " +
+                std::to_string(dp.local_count()) + " does not fit --data-parallel-size " + std::to_string(dp.size));
+  if (a.role != "both")
+    throw Error("--data-parallel-size with --role " + a.role +
+                " is not supported yet: run data-parallel ranks as role both (one instance), or P/D instances "
+                "without data parallelism");
+  if (!dp.rendezvous_dir.empty()) {
+    std::filesystem::create_directories(dp.rendezvous_dir);
+    return false;
+  }
+  if (dp.local_count() < dp.size)
+    throw Error("--data-parallel-rendezvous DIR is required when the ranks run on several hosts (a directory every "
+                "rank can reach, empty at start)");
+  char tmpl[] = "/tmp/tandem-dp-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) throw Error("cannot create a rendezvous directory under /tmp");
+  dp.rendezvous_dir = tmpl;
+  return true;
+}
 
 // The cluster secret: the flag, else the environment (kept out of `ps`).
 std::string cluster_secret(const std::string& flag) {
@@ -53,6 +106,16 @@ void run_serve(ServeArgs& a) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  int dp_rank = 0;
+  bool dp_spawned = false;
+  const bool dp_owns_dir = resolve_data_parallel(a, &dp_rank, &dp_spawned);
+  const bool data_parallel = a.dp.enabled();
+  if (data_parallel && dp_rank != 0) {
+    // Only the front serves the public port; a rank's listener is internal.
+    a.server.host = a.dp.host;
+    a.server.port = 0;
+  }
 
   const std::string path = a.model_path.empty() ? ensure_demo_model() : a.model_path;
   LoadedModel lm = load_model(path);
@@ -83,14 +146,34 @@ void run_serve(ServeArgs& a) {
                  static_cast<long long>(shape.n_state_slots), static_cast<double>(shape.state_slot_bytes) / (1 << 20),
                  static_cast<double>(shape.state_slot_bytes) * static_cast<double>(shape.n_state_slots) / (1 << 20));
   }
+  std::unique_ptr<DataParallelRank> dp;
+  if (data_parallel) {
+    dp = std::make_unique<DataParallelRank>(a.dp, dp_rank, parallel::LockstepConfig{});
+    engine.set_lockstep(dp->hooks());
+  }
   server::HttpServer http(engine, *lm.model, *lm.tokenizer, a.server);
   const int port = http.bind();
+  std::unique_ptr<DataParallelFront> front;
+  std::unique_ptr<RankSupervisor> supervisor;
+  if (data_parallel) {
+    dp->dir().publish_http(dp_rank, a.server.host, port);
+    if (dp_rank == 0) {
+      front = std::make_unique<DataParallelFront>(a.dp, engine, dp->dir(), a.server.api_key,
+                                                  [&http] { return http.in_flight(); });
+      http.set_dp_hook(front->hook());
+    }
+    if (!dp_spawned && a.dp.local_count() > 1) supervisor = std::make_unique<RankSupervisor>(a.dp, dp->dir(), own_argv());
+    dp->watch(engine);
+  }
   engine.start();
   std::unique_ptr<PdInstance> pd_instance;
   if (a.role != "both") {
     a.pd.secret = cluster_secret(a.pd.secret);
     pd_instance = std::make_unique<PdInstance>(engine, *lm.file, http, a.server.served_model_name, a.pd);
   }
+  if (data_parallel)
+    std::fprintf(stderr, "tandem: data-parallel rank %d of %d (rendezvous %s)%s\n", dp_rank, a.dp.size,
+                 a.dp.rendezvous_dir.c_str(), dp_rank == 0 ? ", the front" : "");
   std::fprintf(stderr,
                "tandem: serving '%s' on http://%s:%d (KV cache %lld blocks of %d tokens, max model len %lld, "
                "chat template: %s)\n",
@@ -127,7 +210,10 @@ void run_serve(ServeArgs& a) {
   serve_thread.join();
   signal_thread.join();
   pd_instance.reset();
+  supervisor.reset();  // the host's other ranks stop first (SIGTERM, bounded)
   engine.stop();
+  dp.reset();
+  if (dp_owns_dir) std::filesystem::remove_all(a.dp.rendezvous_dir);
   std::fprintf(stderr, "tandem: stopped\n");
 }
 
@@ -170,6 +256,20 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--kv-transfer-config", a->kv_transfer_config,
                   "vLLM-style JSON: kv_role, kv_ip, kv_port, kv_connector_extra_config{mode, tls, router} "
                   "(docs/PD_PROTOCOL.md)");
+  cmd->add_option("--data-parallel-size", a->dp.size, "Engine ranks in lockstep (each a process with its own KV cache)")
+      ->check(CLI::Range(1, parallel::kMaxRanks));
+  cmd->add_option("--data-parallel-size-local", a->dp.size_local, "Ranks this host runs (0: all)")
+      ->check(CLI::Range(0, parallel::kMaxRanks));
+  cmd->add_option("--data-parallel-start-rank", a->dp.start_rank, "The first rank this host runs")
+      ->check(CLI::Range(0, parallel::kMaxRanks - 1));
+  cmd->add_option("--data-parallel-rendezvous", a->dp.rendezvous_dir,
+                  "Directory every rank reaches, empty at start (default: a fresh one when all ranks are local)");
+  cmd->add_option("--data-parallel-host", a->dp.host, "This host's address for the ranks (gloo, rank listeners)");
+  cmd->add_option("--data-parallel-timeout-ms", a->dp.timeout_ms, "gloo timeout: rendezvous and every collective")
+      ->check(CLI::Range(100, 3'600'000));
+  cmd->add_option("--data-parallel-soft-deadline-ms", a->dp.soft_deadline_ms,
+                  "Report a rank that waits in a collective longer than this")
+      ->check(CLI::Range(10, 3'600'000));
   cmd->add_option("--node-id", a->pd.node, "Node id in the cluster (0: random)");
   cmd->add_option("--transfer-host", a->pd.transfer_host, "Address of the KV transfer listener (default loopback)");
   cmd->add_option("--transfer-port", a->pd.transfer_port, "Port of the KV transfer listener (0: any free port)");

@@ -98,7 +98,13 @@ void EngineCore::start() {
 void EngineCore::stop() {
   if (!running_.exchange(false)) return;
   cv_.notify_all();
+  if (lockstep_.interrupt) lockstep_.interrupt();
   if (thread_.joinable()) thread_.join();
+  // The group goes with the loop, so peers still in an op with this rank
+  // learn at once that it left (their connections close).
+  std::lock_guard<std::mutex> lock(lockstep_mu_);
+  group_.reset();
+  lockstep_info_.connected = false;
 }
 
 std::optional<std::string> EngineCore::add_request(EngineRequest request, Refusal* why) {

@@ -65,6 +65,8 @@ struct LockstepHooks {
   std::function<std::unique_ptr<parallel::LockstepGroup>()> connect;
   // After a group failure failed the in-flight requests, before reconnecting.
   std::function<void(const parallel::LockstepError&)> on_failure;
+  // Called by stop(): makes a connect under way give up soon.
+  std::function<void()> interrupt;
   int idle_wait_ms = 5;         // between consensus rounds when no rank has work
   int reconnect_wait_ms = 200;  // between attempts to (re)build the group
 };

@@ -10,6 +10,7 @@
 #include "server/http_server.h"
 #include "server/api_error.h"
 #include "server/openai_protocol.h"
+#include "server/upstream_relay.h"
 #include "util/clock.h"
 #include "util/constant_time.h"
 #include "util/error.h"
@@ -52,43 +53,6 @@ ApiError no_instance(const char* role) {
               " --router URL) or wait for it to come back";
   return e;
 }
-
-ApiError upstream_error(const std::string& what) {
-  ApiError e;
-  e.status = 502;
-  e.type = "server_error";
-  e.code = "upstream_failed";
-  e.message = what;
-  return e;
-}
-
-// The decode leg's response, handed from the thread that reads it to the
-// client's connection.
-struct Upstream {
-  std::mutex mu;
-  std::condition_variable cv;
-  int status = 0;  // 0 until the response line arrived; -1 when the call failed
-  std::string content_type = "application/json";
-  std::deque<std::string> chunks;
-  bool ended = false;
-  std::string error;
-  bool saw_output = false;  // a chunk with the first choice came
-  std::atomic<bool> cancel{false};
-  httplib::Client* client = nullptr;  // the reader's, while its call is under way
-  std::thread reader;
-  // Ends the call at once: the reader's socket is shut down (the one thing
-  // cpp-httplib allows from another thread), so a reader blocked on a
-  // silent decode returns now, not at its read timeout.
-  void stop() {
-    std::lock_guard<std::mutex> lock(mu);
-    cancel = true;
-    if (client != nullptr) client->stop();
-  }
-  ~Upstream() {
-    stop();
-    if (reader.joinable()) reader.join();
-  }
-};
 
 // The instances by health (healthy, draining, silent: not heard for two
 // heartbeats, not yet evicted), and the protocol's health across them from
@@ -514,73 +478,30 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     // decode allocates and sends its block addresses while the prefill
     // computes); READ after the prefill accepted (the decode reads what the
     // prefill computed, so there is nothing for it to do earlier).
-    auto up = std::make_shared<Upstream>();
+    auto up = std::make_shared<server::Upstream>();
     const bool parallel = prefill.mode == pd::TransferMode::kWrite;
+    bool decode_leg_started = false;
     auto start_decode_leg = [&] {
-      // The thread uses the Upstream through a plain pointer: its owner joins
-      // it before the Upstream goes (so the thread never holds the last reference).
-      up->reader = std::thread([this, up = up.get(), d = decode, path, text = leg_body(body, kp, prefill).dump(),
-                                kv_moved = [credits] { credits->kv_moved(); }] {
-        httplib::Client cli(d.api_host, d.api_port);
-        cli.set_tcp_nodelay(true);
-        cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
-        cli.set_read_timeout(config_.request_timeout_ms / 1000, 0);
-        {
-          std::lock_guard<std::mutex> lock(up->mu);
-          if (up->cancel) {
-            up->status = -1;
-            up->error = "cancelled";
-            up->ended = true;
-            up->cv.notify_all();
-            return;
-          }
-          up->client = &cli;
-        }
-        httplib::Request r;
-        r.method = "POST";
-        r.path = path;
-        r.body = text;
-        r.set_header("Content-Type", "application/json");
-        r.response_handler = [up](const httplib::Response& response) {
-          std::lock_guard<std::mutex> lock(up->mu);
-          up->status = response.status;
-          up->content_type = response.get_header_value("Content-Type");
-          up->cv.notify_all();
-          return true;
-        };
-        r.content_receiver = [up, &kv_moved](const char* data, size_t len, uint64_t, uint64_t) {
-          bool first_output = false;
-          {
-            std::lock_guard<std::mutex> lock(up->mu);
-            up->chunks.emplace_back(data, len);
-            // The first choice out of the decode: the KV it needed has moved,
-            // so the prefill's blocks are on their way back to its pool.
-            if (!up->saw_output && up->chunks.back().find("\"choices\"") != std::string::npos)
-              first_output = up->saw_output = true;
-            up->cv.notify_all();
-          }
-          if (first_output) kv_moved();
-          return !up->cancel.load();  // false closes the connection: the decode aborts
-        };
-        httplib::Response response;
-        httplib::Error err = httplib::Error::Success;
-        bool sent = cli.send(r, response, err);
-        std::lock_guard<std::mutex> lock(up->mu);
-        up->client = nullptr;
-        if (!sent && up->status == 0) {
-          up->status = -1;
-          up->error = httplib::to_string(err);
-        } else if (!sent && !up->cancel) {
-          // The decode went away mid-response (crashed, cut off).
-          up->error = "the decode instance (node " + std::to_string(d.node) + ") failed mid-response: " + httplib::to_string(err);
-        }
-        up->ended = true;
-        up->cv.notify_all();
+      decode_leg_started = true;
+      server::UpstreamCall call;
+      call.host = decode.api_host;
+      call.port = decode.api_port;
+      call.path = path;
+      call.body = leg_body(body, kp, prefill).dump();
+      call.who = "the decode instance (node " + std::to_string(decode.node) + ")";
+      call.connect_timeout_ms = config_.upstream_connect_timeout_ms;
+      call.read_timeout_s = config_.request_timeout_ms / 1000;
+      // The first choice out of the decode: the KV it needed has moved, so
+      // the prefill's blocks are on their way back to its pool.
+      up->start(std::move(call), [credits, saw_output = false](const std::string& chunk) mutable {
+        if (saw_output || chunk.find("\"choices\"") == std::string::npos) return;
+        saw_output = true;
+        credits->kv_moved();
       });
     };
     // An attempt given up before its first byte: the decode leg ends too.
     auto drop_decode_leg = [&] {
-      if (!up->reader.joinable()) return;
+      if (!decode_leg_started) return;
       up->stop();
       abort_leg(decode, transfer);
     };
@@ -631,76 +552,37 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
       transfers_[transfer].phase = "decode";
     }
     if (!parallel) start_decode_leg();
-    int status = 0;
-    {
-      std::unique_lock<std::mutex> lock(up->mu);
-      up->cv.wait_for(lock, std::chrono::milliseconds(config_.request_timeout_ms), [&] { return up->status != 0; });
-      status = up->status;
-    }
+    const int status = up->wait_status(config_.request_timeout_ms);
     if (status != 200) {
       // Wait for the whole (error) body, bounded, then answer with it or retry.
-      {
-        std::unique_lock<std::mutex> lock(up->mu);
-        up->cv.wait_for(lock, std::chrono::seconds(5), [&] { return up->ended; });
-      }
+      const std::string text = up->wait_body(5000);
       abort_leg(prefill, transfer);
       if (status >= 400 && status < 500) {
         finish(kEndFailed);
-        std::string text;
-        for (auto& c : up->chunks) text += c;
         res.status = status;
         res.set_content(text, "application/json");
         return;
       }
-      last_error = "the decode instance (node " + std::to_string(decode.node) + ") " +
-                   (status > 0 ? "answered HTTP " + std::to_string(status) : "could not be reached: " + up->error);
+      last_error = status > 0 ? "the decode instance (node " + std::to_string(decode.node) + ") answered HTTP " +
+                                    std::to_string(status)
+                              : up->error();
       finish(kEndRetried);
       avoid_decode.push_back(decode.node);
       continue;
     }
-    res.set_chunked_content_provider(
-        up->content_type.empty() ? "application/json" : up->content_type,
-        [up, stream = body.value("stream", false)](size_t, httplib::DataSink& sink) {
-          for (;;) {
-            std::string chunk;
-            bool ended = false;
-            {
-              std::unique_lock<std::mutex> lock(up->mu);
-              up->cv.wait_for(lock, std::chrono::milliseconds(1000), [&] { return !up->chunks.empty() || up->ended; });
-              if (!up->chunks.empty()) {
-                chunk = std::move(up->chunks.front());
-                up->chunks.pop_front();
-              } else {
-                ended = up->ended;
-              }
-            }
-            if (!chunk.empty() && !sink.write(chunk.data(), chunk.size())) return false;
-            if (ended) {
-              if (!up->error.empty()) {
-                // Never a silent truncation: the client gets the error.
-                const ApiError e = upstream_error(up->error);
-                std::string tail = stream ? server::sse_event(e.to_json()) + std::string(server::kSseDone)
-                                          : server::dump_body(e.to_json());
-                sink.write(tail.data(), tail.size());
-              }
-              sink.done();
-              return true;
-            }
-          }
-        },
-        [this, up, finish, prefill_info = prefill, transfer](bool success) {
-          if (!success) {
-            // The client left: both legs end.
-            ++counters_.client_aborts;
-            up->stop();
-            abort_leg(prefill_info, transfer);
-          }
-          finish(success ? kEndCompleted : kEndFailed);
-        });
+    server::Upstream::relay(res, up, body.value("stream", false),
+                            [this, finish, prefill_info = prefill, transfer](bool success) {
+                              if (!success) {
+                                // The client left: both legs end (the relay stopped the decode's).
+                                ++counters_.client_aborts;
+                                abort_leg(prefill_info, transfer);
+                              }
+                              finish(success ? kEndCompleted : kEndFailed);
+                            });
     return;
   }
   ++counters_.failed;
-  send_error(res, upstream_error(last_error + " (tried " + std::to_string(kMaxAttempts) + " times)"));
+  send_error(res, server::upstream_error(last_error + " (tried " + std::to_string(kMaxAttempts) + " times)"));
 }
 
 }  // namespace tandem::router

@@ -4,6 +4,7 @@
 
 #include <httplib.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "server/openai_protocol.h"
+#include "server/parallel_status.h"
 #include "server/prometheus.h"
 #include "server/request_channel.h"
 #include "tokenizer/tokenizer.h"
@@ -175,6 +177,8 @@ void HttpServer::set_pd_hook(PdHook hook) {
   });
 }
 
+void HttpServer::set_dp_hook(DpHook hook) { dp_hook_ = std::move(hook); }
+
 void HttpServer::install_routes() {
   httplib::Server& s = *http_;
 
@@ -223,12 +227,25 @@ void HttpServer::install_routes() {
       send_json(res, 503, {{"status", "engine loop did not answer within " + std::to_string(config_.health_timeout_ms) + " ms"}});
       return;
     }
+    std::string why;
+    if (!engine_.ready(&why)) return send_json(res, 503, {{"status", why}});
     send_json(res, 200, {{"status", "ok"}});
+  });
+
+  s.Get("/debug/parallel", [this](const httplib::Request&, httplib::Response& res) {
+    const LockstepStatus st = engine_.lockstep_status();
+    if (!st.enabled) return send_json(res, 404, {{"error", "not a data-parallel rank (--data-parallel-size 1)"}});
+    json body = lockstep_status_json(st);
+    body["pid"] = ::getpid();
+    if (dp_hook_.ranks_json) body["ranks"] = json::parse(dp_hook_.ranks_json(), nullptr, false);
+    send_json(res, 200, body);
   });
 
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     std::string text = render_prometheus(engine_.metrics(), config_.served_model_name, !draining_);
     text += render_queue_metrics(*queue_stats_);
+    const LockstepStatus st = engine_.lockstep_status();
+    if (st.enabled) text += render_lockstep_metrics(st);
     res.set_content(text, "text/plain; version=0.0.4");
   });
 
@@ -274,6 +291,11 @@ void HttpServer::install_routes() {
 
   auto generate = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
     if (draining_) return send_error(res, engine_unavailable("the server is shutting down"));
+    if (dp_hook_.pick) {
+      const int rank = dp_hook_.pick();
+      if (rank != dp_hook_.self) return dp_hook_.forward(rank, req, res);
+    }
+    if (std::string why; !engine_.ready(&why)) return send_error(res, engine_unavailable(why));
     const int64_t n_vocab = model_.config().n_vocab;
     auto job = std::make_shared<Job>();
     job->chat = chat;

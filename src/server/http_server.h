@@ -24,7 +24,9 @@
 
 namespace httplib {
 class Server;
-}
+struct Request;
+struct Response;
+}  // namespace httplib
 
 namespace tandem {
 class EngineCore;
@@ -77,6 +79,15 @@ struct PdHook {
   std::function<std::string()> debug_transfers;
 };
 
+// Data parallelism, on the front rank (rank 0): each completion or chat
+// request goes to the rank the hook picks; another rank's is relayed there.
+struct DpHook {
+  std::function<int()> pick;  // the rank for the next request
+  int self = 0;               // this server's own rank
+  std::function<void(int rank, const httplib::Request& req, httplib::Response& res)> forward;
+  std::function<std::string()> ranks_json;  // the ranks' addresses, for /debug/parallel
+};
+
 class HttpServer {
  public:
   HttpServer(EngineCore& engine, const Model& model, const Tokenizer& tokenizer, ServerConfig config);
@@ -98,6 +109,7 @@ class HttpServer {
   const ChatTemplate& chat_template() const { return template_; }
   // Before serve().
   void set_pd_hook(PdHook hook);
+  void set_dp_hook(DpHook hook);
 
  private:
   void install_routes();
@@ -108,6 +120,7 @@ class HttpServer {
   ServerConfig config_;
   ChatTemplate template_;
   PdHook pd_hook_;
+  DpHook dp_hook_;
   std::unique_ptr<QueueStats> queue_stats_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> draining_{false};

@@ -8,6 +8,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -28,6 +29,34 @@ void translating_gloo_errors(const char* what, F&& f) {
   }
 }
 
+// gloo's FileStore, whose waits give up when `interrupted` is raised: it
+// waits in slices (FileStore rounds a wait up to whole seconds).
+class InterruptibleStore : public ::gloo::rendezvous::Store {
+ public:
+  InterruptibleStore(::gloo::rendezvous::Store& inner, const std::atomic<bool>* interrupted)
+      : inner_(inner), interrupted_(interrupted) {}
+  void set(const std::string& key, const std::vector<char>& data) override { inner_.set(key, data); }
+  std::vector<char> get(const std::string& key) override { return inner_.get(key); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, kDefaultTimeout); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      try {
+        inner_.wait(keys, std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(1000)));
+        return;
+      } catch (const ::gloo::IoException&) {
+        if (interrupted_ != nullptr && interrupted_->load()) throw ::gloo::IoException("rendezvous interrupted");
+        if (std::chrono::steady_clock::now() >= deadline) throw;
+      }
+    }
+  }
+
+ private:
+  ::gloo::rendezvous::Store& inner_;
+  const std::atomic<bool>* interrupted_;
+};
+
 }  // namespace
 
 GlooTransport::GlooTransport(const GlooGroupOptions& options)
@@ -37,7 +66,8 @@ GlooTransport::GlooTransport(const GlooGroupOptions& options)
     attr.hostname = options.bind_host;
     auto device = ::gloo::transport::tcp::CreateDevice(attr);
     ::gloo::rendezvous::FileStore file_store(options.rendezvous_dir);
-    ::gloo::rendezvous::PrefixStore store(options.generation, file_store);
+    InterruptibleStore interruptible(file_store, options.interrupted);
+    ::gloo::rendezvous::PrefixStore store(options.generation, interruptible);
     auto context = std::make_shared<::gloo::rendezvous::Context>(options.rank, options.size);
     // connectFullMesh copies the timeout into the transport: set it first.
     context->setTimeout(std::chrono::milliseconds(options.timeout_ms));

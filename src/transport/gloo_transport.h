@@ -10,6 +10,7 @@
 // TransportError means the group must be rebuilt.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,9 @@ struct GlooGroupOptions {
   std::string generation = "g0";   // a fresh one per (re)build of the group
   std::string bind_host = "127.0.0.1";  // this rank's address for its peers
   int timeout_ms = 30'000;         // rendezvous and every exchange
+  // When set and raised, a rendezvous under way gives up within about a
+  // second (so stopping never waits for a peer that is not coming).
+  const std::atomic<bool>* interrupted = nullptr;
 };
 
 class GlooTransport : public parallel::FrameTransport {

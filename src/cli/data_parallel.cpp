@@ -1,0 +1,321 @@
+#include "cli/data_parallel.h"
+
+#include <fcntl.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "server/api_error.h"
+#include "server/openai_protocol.h"
+#include "server/upstream_relay.h"
+#include "transport/gloo_transport.h"
+#include "util/clock.h"
+#include "util/error.h"
+
+namespace tandem::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int read_int(const fs::path& p, int otherwise) {
+  const std::string text = read_text(p);
+  if (text.empty()) return otherwise;
+  try {
+    return std::stoi(text);
+  } catch (const std::exception&) {
+    return otherwise;
+  }
+}
+
+// Readers never see a half-written file: write aside, then rename.
+void write_atomically(const fs::path& p, const std::string& text) {
+  const fs::path tmp = p.string() + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out) throw Error("cannot write " + tmp.string());
+  }
+  fs::rename(tmp, p);
+}
+
+}  // namespace
+
+int RendezvousDir::generation() const { return read_int(dir_ / "generation", 0); }
+
+void RendezvousDir::raise_generation(int g) const {
+  // Several processes raise it at once: one at a time, under a lock file.
+  const int fd = ::open((dir_ / "generation.lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) throw Error("cannot open " + (dir_ / "generation.lock").string());
+  ::flock(fd, LOCK_EX);
+  if (generation() < g) write_atomically(dir_ / "generation", std::to_string(g));
+  ::flock(fd, LOCK_UN);
+  ::close(fd);
+}
+
+int RendezvousDir::rank_generation(int rank) const {
+  return read_int(dir_ / ("rank" + std::to_string(rank) + ".generation"), -1);
+}
+
+void RendezvousDir::set_rank_generation(int rank, int g) const {
+  write_atomically(dir_ / ("rank" + std::to_string(rank) + ".generation"), std::to_string(g));
+}
+
+void RendezvousDir::publish_http(int rank, const std::string& host, int port) const {
+  write_atomically(dir_ / ("rank" + std::to_string(rank) + ".http"), host + ":" + std::to_string(port));
+}
+
+std::string RendezvousDir::http_of(int rank) const { return read_text(dir_ / ("rank" + std::to_string(rank) + ".http")); }
+
+// ---------------------------------------------------------------- the rank
+
+DataParallelRank::DataParallelRank(const DataParallelOptions& options, int rank, parallel::LockstepConfig config)
+    : options_(options), rank_(rank), config_(config), dir_(options.rendezvous_dir) {}
+
+DataParallelRank::~DataParallelRank() {
+  watching_ = false;
+  if (watcher_.joinable()) watcher_.join();
+}
+
+LockstepHooks DataParallelRank::hooks() {
+  LockstepHooks h;
+  h.connect = [this]() -> std::unique_ptr<parallel::LockstepGroup> {
+    const int g = std::max(dir_.generation(), next_generation_);
+    dir_.set_rank_generation(rank_, g);
+    GlooGroupOptions o;
+    o.rank = rank_;
+    o.size = options_.size;
+    o.rendezvous_dir = dir_.path().string();
+    o.generation = "g" + std::to_string(g);
+    o.bind_host = options_.host;
+    o.timeout_ms = options_.timeout_ms;
+    o.interrupted = &interrupted_;
+    try {
+      auto transport = std::make_unique<GlooTransport>(o);
+      current_generation_ = g;
+      std::fprintf(stderr, "tandem: data-parallel rank %d of %d: group formed (generation %d)\n", rank_, options_.size, g);
+      return std::make_unique<parallel::LockstepGroup>(std::move(transport), config_);
+    } catch (const std::exception& e) {
+      // A rendezvous that did not complete leaves its keys: the next attempt
+      // of every rank uses the next generation.
+      next_generation_ = g + 1;
+      dir_.raise_generation(g + 1);
+      std::fprintf(stderr, "tandem: data-parallel rank %d: the group did not form (generation %d): %s\n", rank_, g,
+                   e.what());
+      throw;
+    }
+  };
+  h.interrupt = [this] { interrupted_ = true; };
+  h.on_failure = [this](const parallel::LockstepError& e) {
+    std::fprintf(stderr, "tandem: data-parallel rank %d: %s; the in-flight requests failed, the group re-forms\n", rank_,
+                 e.what());
+    next_generation_ = current_generation_ + 1;
+    dir_.raise_generation(next_generation_);
+  };
+  return h;
+}
+
+void DataParallelRank::watch(const EngineCore& engine) {
+  watching_ = true;
+  watcher_ = std::thread([this, &engine] {
+    int64_t reported_seq = -1;
+    while (watching_.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const LockstepStatus st = engine.lockstep_status();
+      const parallel::InFlightOp& op = st.in_flight;
+      if (op.kind == 0 || op.seq == reported_seq) continue;
+      const int64_t waited_ms = (monotonic_ns() - op.since_ns) / 1'000'000;
+      if (waited_ms < options_.soft_deadline_ms) continue;
+      reported_seq = op.seq;
+      std::string arrived, missing;
+      for (int r = 0; r < st.size; ++r) {
+        std::string& list = ((op.arrived_mask >> r) & 1) ? arrived : missing;
+        list += (list.empty() ? "" : ",") + std::to_string(r);
+      }
+      std::fprintf(stderr,
+                   "tandem: data-parallel rank %d has waited %lld ms in op #%lld (%s) of step %lld; arrived {%s}, "
+                   "missing {%s}\n",
+                   rank_, static_cast<long long>(waited_ms), static_cast<long long>(op.seq),
+                   parallel::op_kind_name(op.kind), static_cast<long long>(op.step_id), arrived.c_str(),
+                   missing.c_str());
+    }
+  });
+}
+
+// ---------------------------------------------------------------- the front
+
+DataParallelFront::DataParallelFront(const DataParallelOptions& options, const EngineCore& engine,
+                                     const RendezvousDir& dir, std::string api_key,
+                                     std::function<int64_t()> local_in_flight)
+    : options_(options),
+      engine_(engine),
+      dir_(dir),
+      api_key_(std::move(api_key)),
+      local_in_flight_(std::move(local_in_flight)),
+      in_flight_(new std::atomic<int64_t>[static_cast<size_t>(options.size)]),
+      forwarded_(new std::atomic<int64_t>[static_cast<size_t>(options.size)]) {
+  for (int r = 0; r < options.size; ++r) in_flight_[static_cast<size_t>(r)] = 0, forwarded_[static_cast<size_t>(r)] = 0;
+}
+
+int64_t DataParallelFront::forwarded(int rank) const { return forwarded_[static_cast<size_t>(rank)].load(); }
+
+int DataParallelFront::pick() {
+  // While the group is not formed the request stays here, where it gets
+  // the 503 that says so.
+  if (!engine_.ready()) return 0;
+  int best = 0;
+  int64_t best_load = local_in_flight_();
+  for (int r = 1; r < options_.size; ++r) {
+    const int64_t load = in_flight_[static_cast<size_t>(r)].load();
+    if (load < best_load && !dir_.http_of(r).empty()) best = r, best_load = load;
+  }
+  return best;
+}
+
+void DataParallelFront::forward(int rank, const httplib::Request& req, httplib::Response& res) {
+  const std::string who = "data-parallel rank " + std::to_string(rank);
+  const std::string address = dir_.http_of(rank);
+  ++forwarded_[static_cast<size_t>(rank)];
+  // In flight until the response is over (relayed, refused, or failed).
+  auto done = std::shared_ptr<void>(nullptr, [this, rank](void*) { --in_flight_[static_cast<size_t>(rank)]; });
+  ++in_flight_[static_cast<size_t>(rank)];
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    const server::ApiError e = server::engine_unavailable(who + " has no HTTP listener yet; retry");
+    res.status = e.status;
+    res.set_content(server::dump_body(e.to_json()), "application/json");
+    return;
+  }
+  server::UpstreamCall call;
+  call.host = address.substr(0, colon);
+  call.port = std::atoi(address.c_str() + colon + 1);
+  call.path = req.path;
+  call.body = req.body;
+  call.who = who;
+  if (!api_key_.empty()) call.headers.emplace_back("Authorization", "Bearer " + api_key_);
+  const int wait_ms = call.read_timeout_s * 1000;
+  auto up = std::make_shared<server::Upstream>();
+  up->start(std::move(call));
+  const int status = up->wait_status(wait_ms);
+  if (status != 200) {
+    // The rank's own answer (a 4xx on the request, a 503) goes back as is;
+    // one that could not be reached is a 503 naming it.
+    const std::string body = status > 0 ? up->wait_body(5000) : std::string();
+    if (status > 0) {
+      res.status = status;
+      res.set_content(body, "application/json");
+      return;
+    }
+    server::ApiError e = server::engine_unavailable(up->error());
+    res.status = e.status;
+    res.set_content(server::dump_body(e.to_json()), "application/json");
+    return;
+  }
+  const nlohmann::json body = nlohmann::json::parse(req.body, nullptr, false);
+  const bool stream = body.is_object() && body.value("stream", false);
+  server::Upstream::relay(res, up, stream, [done](bool) {});
+}
+
+server::DpHook DataParallelFront::hook() {
+  server::DpHook h;
+  h.self = 0;
+  h.pick = [this] { return pick(); };
+  h.forward = [this](int rank, const httplib::Request& req, httplib::Response& res) { forward(rank, req, res); };
+  h.ranks_json = [this] {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < options_.size; ++r) ranks.push_back({{"rank", r}, {"http", dir_.http_of(r)}});
+    return ranks.dump();
+  };
+  return h;
+}
+
+// ---------------------------------------------------------------- the supervisor
+
+RankSupervisor::RankSupervisor(const DataParallelOptions& options, const RendezvousDir& dir, std::vector<std::string> argv)
+    : options_(options), dir_(dir), argv_(std::move(argv)) {
+  for (int k = 1; k < options.local_count(); ++k) {
+    const int rank = options.start_rank + k;
+    children_[rank] = spawn(rank);
+  }
+  monitor_ = std::thread([this] { monitor(); });
+}
+
+RankSupervisor::~RankSupervisor() {
+  running_ = false;
+  if (monitor_.joinable()) monitor_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [rank, pid] : children_) ::kill(pid, SIGTERM);
+  // Bounded: SIGKILL whatever has not exited within 10 s.
+  const int64_t deadline = monotonic_ms() + 10'000;
+  for (auto& [rank, pid] : children_) {
+    while (::waitpid(pid, nullptr, WNOHANG) == 0) {
+      if (monotonic_ms() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+pid_t RankSupervisor::spawn(int rank) {
+  std::vector<char*> args;
+  for (auto& a : argv_) args.push_back(a.data());
+  args.push_back(nullptr);
+  const std::string rank_env = std::string(kRankEnv) + "=" + std::to_string(rank);
+  const std::string dir_env = std::string(kRendezvousEnv) + "=" + dir_.path().string();
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error("cannot start data-parallel rank " + std::to_string(rank) + ": fork failed");
+  if (pid == 0) {
+    // The child dies with its parent, whatever kills the parent.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    ::putenv(const_cast<char*>(rank_env.c_str()));
+    ::putenv(const_cast<char*>(dir_env.c_str()));
+    ::execv("/proc/self/exe", args.data());
+    ::_exit(127);
+  }
+  ++spawned_;
+  std::fprintf(stderr, "tandem: data-parallel rank %d started (pid %d)\n", rank, static_cast<int>(pid));
+  return pid;
+}
+
+void RankSupervisor::monitor() {
+  while (running_.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [rank, pid] : children_) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) != pid) continue;
+      if (WIFSIGNALED(status))
+        std::fprintf(stderr, "tandem: data-parallel rank %d (pid %d) was killed by signal %d; restarting it\n", rank,
+                     static_cast<int>(pid), WTERMSIG(status));
+      else
+        std::fprintf(stderr, "tandem: data-parallel rank %d (pid %d) exited with status %d; restarting it\n", rank,
+                     static_cast<int>(pid), WEXITSTATUS(status));
+      // Its group is gone: every rank re-forms under the next generation.
+      dir_.raise_generation(dir_.rank_generation(rank) + 1);
+      if (running_.load()) pid = spawn(rank);
+    }
+  }
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,216 @@
+// `tandem serve --data-parallel-size 2` as real processes: the front (rank 0)
+// spawns rank 1, the ranks step in lockstep over gloo, requests are balanced
+// across them and relayed, a killed rank is named and restarted. Each test
+// owns its processes (a process group, ports picked free, bounded waits).
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "model_fixtures.h"
+#include "process_fixtures.h"
+#include "server/upstream_relay.h"
+
+namespace tandem {
+namespace {
+
+using json = nlohmann::json;
+using testing::free_port;
+using testing::metric;
+using testing::ProcessGroup;
+
+std::string tiny_model() { return testing::tiny_model_path("llama", kernels::DType::kF16); }
+
+// A server (data-parallel or not) in its own process group.
+struct Serve {
+  int port = free_port();
+  std::unique_ptr<ProcessGroup> group;
+  explicit Serve(const std::string& extra) {
+    group = std::make_unique<ProcessGroup>(std::string(TANDEM_BINARY) + " serve -m " + tiny_model() + " --port " +
+                                           std::to_string(port) + " -t 1 --kv-cache-mb 16 " + extra);
+  }
+  // Waits for `n` "group formed" lines (one per rank), or the server line.
+  bool ready(int n_ranks) {
+    if (n_ranks == 1) return group->wait_for("tandem: serving", 30'000);
+    for (int i = 0; i < n_ranks; ++i)
+      if (!group->wait_for("group formed", 30'000)) return false;
+    return true;
+  }
+};
+
+json get(int port, const std::string& path, const std::string& host = "127.0.0.1") {
+  httplib::Client cli(host, port);
+  cli.set_connection_timeout(2, 0);
+  auto r = cli.Get(path);
+  return r ? json::parse(r->body, nullptr, false) : json();
+}
+
+int health(int port) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_connection_timeout(1, 0);
+  auto r = cli.Get("/health");
+  return r ? r->status : -1;
+}
+
+json post(int port, const json& body, const std::string& host = "127.0.0.1") {
+  httplib::Client cli(host, port);
+  cli.set_connection_timeout(2, 0);
+  cli.set_read_timeout(60, 0);
+  auto r = cli.Post("/v1/completions", body.dump(), "application/json");
+  if (!r) return json{{"client_error", httplib::to_string(r.error())}};
+  return json::parse(r->body, nullptr, false);
+}
+
+std::vector<std::string> texts(const json& response) {
+  if (!response.is_object() || !response.contains("choices")) return {"<no choices: " + response.dump() + ">"};
+  std::vector<std::string> out;
+  for (const json& c : response["choices"]) out.push_back(c["text"].get<std::string>());
+  return out;
+}
+
+json request(int i) {
+  json b = {{"prompt", "request " + std::to_string(i) + " says"}, {"max_tokens", 24 + i % 9}, {"ignore_eos", true}};
+  if (i % 3 == 0) {
+    b["n"] = 2;
+    b["temperature"] = 0.8;
+    b["seed"] = 100 + i;
+  } else {
+    b["temperature"] = 0;
+  }
+  return b;
+}
+
+// A rank's HTTP listener, from the front's /debug/parallel.
+std::pair<std::string, int> rank_address(int front_port, int rank) {
+  const json dbg = get(front_port, "/debug/parallel");
+  if (!dbg.is_object() || !dbg.contains("ranks")) return {"", 0};
+  const std::string a = dbg["ranks"][static_cast<size_t>(rank)]["http"].get<std::string>();
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos) return {"", 0};
+  return {a.substr(0, colon), std::stoi(a.substr(colon + 1))};
+}
+
+TEST(DataParallelServe, TwoRanksServeConcurrentRequestsAsOneInstanceWouldAndBalanceThem) {
+  Serve single("");
+  Serve dp("--data-parallel-size 2");
+  ASSERT_TRUE(single.ready(1)) << single.group->log();
+  ASSERT_TRUE(dp.ready(2)) << dp.group->log();
+  constexpr int kRequests = 16;
+  std::vector<json> got(kRequests);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) clients.emplace_back([&, i] { got[static_cast<size_t>(i)] = post(dp.port, request(i)); });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kRequests; ++i)
+    EXPECT_EQ(texts(got[static_cast<size_t>(i)]), texts(post(single.port, request(i)))) << "request " << i;
+
+  const auto [host1, port1] = rank_address(dp.port, 1);
+  ASSERT_GT(port1, 0);
+  const double served0 = metric("127.0.0.1", dp.port, "tandem_request_success_total");
+  const double served1 = metric(host1, port1, "tandem_request_success_total");
+  EXPECT_EQ(served0 + served1, kRequests);
+  EXPECT_GT(served1, 0) << "every request stayed on rank 0";
+  EXPECT_GT(served0, 0) << "every request went to rank 1";
+  // Both pools are back to their baseline.
+  EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(metric(host1, port1, "tandem_kv_cache_usage_perc"), 0);
+  // In lockstep: rank 1's step lies between two samples of rank 0's.
+  const int64_t before = get(dp.port, "/debug/parallel")["step_id"].get<int64_t>();
+  const int64_t r1 = get(port1, "/debug/parallel", host1)["step_id"].get<int64_t>();
+  const int64_t after = get(dp.port, "/debug/parallel")["step_id"].get<int64_t>();
+  EXPECT_LE(before, r1 + 1);
+  EXPECT_LE(r1, after + 1);
+  EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_dp_group_failures_total{rank=\"0\"}"), 0);
+}
+
+TEST(DataParallelServe, AnIdleRankRunsDummyStepsBesideTheBusyOneWithoutAHang) {
+  Serve dp("--data-parallel-size 2");
+  ASSERT_TRUE(dp.ready(2)) << dp.group->log();
+  // One request at a time: each goes to rank 0 (no request in flight
+  // anywhere, ties to the lowest rank), so rank 1 only ever runs dummy steps.
+  int64_t tokens = 0;
+  for (int i = 0; i < 8; ++i) {
+    json b = {{"prompt", "idle rank " + std::to_string(i)}, {"max_tokens", 160}, {"temperature", 0}, {"ignore_eos", true}};
+    const json r = post(dp.port, b);
+    ASSERT_EQ(texts(r).size(), 1u) << r.dump();
+    tokens += r["usage"]["completion_tokens"].get<int64_t>();
+  }
+  const auto [host1, port1] = rank_address(dp.port, 1);
+  const json idle = get(port1, "/debug/parallel", host1);
+  const json busy = get(dp.port, "/debug/parallel");
+  EXPECT_GE(idle["dummy_steps"].get<int64_t>(), tokens);  // a step per token, which rank 1 ran empty
+  EXPECT_EQ(busy["dummy_steps"].get<int64_t>(), 0);
+  EXPECT_EQ(idle["group_failures"].get<int64_t>(), 0);
+  EXPECT_EQ(metric(host1, port1, "tandem_request_success_total"), 0);
+}
+
+// A streamed request through `port`, read on its own thread.
+struct Stream {
+  std::shared_ptr<server::Upstream> up = std::make_shared<server::Upstream>();
+  std::mutex mu;
+  std::string text;
+  Stream(int port, json body) {
+    body["stream"] = true;
+    server::UpstreamCall call;
+    call.host = "127.0.0.1";
+    call.port = port;
+    call.path = "/v1/completions";
+    call.body = body.dump();
+    call.who = "the front";
+    up->start(std::move(call), [this](const std::string& chunk) {
+      std::lock_guard<std::mutex> lock(mu);
+      text += chunk;
+    });
+  }
+  std::string body_so_far() {
+    std::lock_guard<std::mutex> lock(mu);
+    return text;
+  }
+  bool wait_for_token(int timeout_ms) {
+    for (int i = 0; i < timeout_ms; ++i) {
+      if (body_so_far().find("\"text\"") != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+};
+
+TEST(DataParallelServe, AKilledRankFailsTheInFlightRequestsNamingItThenTheGroupReformsAndServes) {
+  Serve dp("--data-parallel-size 2 --data-parallel-timeout-ms 5000");
+  ASSERT_TRUE(dp.ready(2)) << dp.group->log();
+  const int pid1 = get(rank_address(dp.port, 1).second, "/debug/parallel")["pid"].get<int>();
+  ASSERT_GT(pid1, 0);
+  const json longest = {{"prompt", "long"}, {"max_tokens", 480}, {"temperature", 0}, {"ignore_eos", true}};
+  Stream on0(dp.port, longest);  // rank 0: nothing in flight anywhere
+  ASSERT_TRUE(on0.wait_for_token(10'000));
+  Stream on1(dp.port, longest);  // rank 1: rank 0 has one in flight
+  ASSERT_TRUE(on1.wait_for_token(10'000));
+  ASSERT_EQ(::kill(pid1, SIGKILL), 0);
+  (void)on0.up->wait_body(20'000);
+  (void)on1.up->wait_body(20'000);
+  // Both end with an error naming rank 1, none silently cut off: rank 1's
+  // own request lost its rank, rank 0's lost its group.
+  EXPECT_NE(on1.body_so_far().find("data-parallel rank 1"), std::string::npos) << on1.body_so_far();
+  EXPECT_NE(on0.body_so_far().find("missing {1}"), std::string::npos) << on0.body_so_far();
+  // Unhealthy until the group re-forms with a restarted rank 1, then serving.
+  bool saw_unhealthy = false, healthy_again = false;
+  for (int i = 0; i < 3000 && !healthy_again; ++i) {
+    const int h = health(dp.port);
+    saw_unhealthy = saw_unhealthy || h == 503;
+    healthy_again = saw_unhealthy && h == 200;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(saw_unhealthy);
+  EXPECT_TRUE(healthy_again) << dp.group->log();
+  EXPECT_TRUE(dp.group->wait_for("group formed (generation 1)", 5000) ||
+              dp.group->log().find("group formed (generation 1)") != std::string::npos)
+      << dp.group->log();
+  EXPECT_NE(dp.group->log().find("rank 1 (pid " + std::to_string(pid1) + ") was killed by signal 9"), std::string::npos);
+  const json next = post(dp.port, {{"prompt", "after"}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(texts(next).size(), 1u) << next.dump();
+  EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_dp_group_failures_total{rank=\"0\"}"), 1);
+  EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_kv_cache_usage_perc"), 0);
+}
+
+}  // namespace
+}  // namespace tandem
