@@ -244,6 +244,9 @@ void HttpServer::install_routes() {
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     std::string text = render_prometheus(engine_.metrics(), config_.served_model_name, !draining_);
     text += render_queue_metrics(*queue_stats_);
+    text += "# HELP tandem_http_requests_in_flight Completion and chat requests this server is answering\n"
+            "# TYPE tandem_http_requests_in_flight gauge\ntandem_http_requests_in_flight " +
+            std::to_string(in_flight_.load()) + "\n";
     const LockstepStatus st = engine_.lockstep_status();
     if (st.enabled) text += render_lockstep_metrics(st);
     res.set_content(text, "text/plain; version=0.0.4");
