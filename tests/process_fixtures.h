@@ -4,6 +4,8 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -14,6 +16,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <future>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -115,5 +120,48 @@ class ProcessGroup {
   int fd_ = -1;
   std::string buffer_, log_;
 };
+
+inline bool run(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+
+// Two namespaces and a veth pair between them; all deleted on every exit path.
+struct Namespaces {
+  std::string a, b, va, vb;
+  bool ok = false;
+  std::string why;
+  Namespaces() {
+    std::string tag = std::to_string(getpid() % 100000);
+    a = "tdm-p" + tag;
+    b = "tdm-d" + tag;
+    va = "tdmp" + tag;
+    vb = "tdmd" + tag;
+    if (geteuid() != 0) {
+      why = "not root: network namespaces cannot be created";
+      return;
+    }
+    ok = run("ip netns add " + a) && run("ip netns add " + b) &&
+         run("ip link add " + va + " type veth peer name " + vb) && run("ip link set " + va + " netns " + a) &&
+         run("ip link set " + vb + " netns " + b) && run("ip -n " + a + " addr add 192.0.2.1/24 dev " + va) &&
+         run("ip -n " + b + " addr add 192.0.2.2/24 dev " + vb) && run("ip -n " + a + " link set " + va + " up") &&
+         run("ip -n " + b + " link set " + vb + " up") && run("ip -n " + a + " link set lo up") &&
+         run("ip -n " + b + " link set lo up");
+    if (!ok) why = "ip netns / veth set-up failed (is iproute2 installed, and may this user create namespaces?)";
+  }
+  ~Namespaces() {
+    run("ip netns del " + a);
+    run("ip netns del " + b);
+  }
+};
+
+// Runs `f` on a thread that has entered network namespace `ns`.
+template <typename F>
+auto in_namespace(const std::string& ns, F f) {
+  return std::async(std::launch::async, [ns, f] {
+    int fd = open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    bool entered = fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
+    if (fd >= 0) close(fd);
+    if (!entered) throw std::runtime_error("setns into " + ns + " failed");
+    return f();
+  }).get();
+}
 
 }  // namespace tandem::testing

@@ -33,37 +33,6 @@ namespace {
 
 using json = nlohmann::json;
 
-bool run(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
-
-// Two namespaces and a veth pair between them; all deleted on every exit path.
-struct Namespaces {
-  std::string a, b, va, vb;
-  bool ok = false;
-  std::string why;
-  Namespaces() {
-    std::string tag = std::to_string(getpid() % 100000);
-    a = "tdm-p" + tag;
-    b = "tdm-d" + tag;
-    va = "tdmp" + tag;
-    vb = "tdmd" + tag;
-    if (geteuid() != 0) {
-      why = "not root: network namespaces cannot be created";
-      return;
-    }
-    ok = run("ip netns add " + a) && run("ip netns add " + b) &&
-         run("ip link add " + va + " type veth peer name " + vb) && run("ip link set " + va + " netns " + a) &&
-         run("ip link set " + vb + " netns " + b) && run("ip -n " + a + " addr add 192.0.2.1/24 dev " + va) &&
-         run("ip -n " + b + " addr add 192.0.2.2/24 dev " + vb) && run("ip -n " + a + " link set " + va + " up") &&
-         run("ip -n " + b + " link set " + vb + " up") && run("ip -n " + a + " link set lo up") &&
-         run("ip -n " + b + " link set lo up");
-    if (!ok) why = "ip netns / veth set-up failed (is iproute2 installed, and may this user create namespaces?)";
-  }
-  ~Namespaces() {
-    run("ip netns del " + a);
-    run("ip netns del " + b);
-  }
-};
-
 // One process (its own group), killed and reaped on every exit path.
 struct Proc {
   pid_t pid = -1;
@@ -85,17 +54,8 @@ struct Proc {
   }
 };
 
-// Runs `f` on a thread that has entered network namespace `ns`.
-template <typename F>
-auto in_namespace(const std::string& ns, F f) {
-  return std::async(std::launch::async, [ns, f] {
-    int fd = open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
-    bool entered = fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
-    if (fd >= 0) close(fd);
-    if (!entered) throw std::runtime_error("setns into " + ns + " failed");
-    return f();
-  }).get();
-}
+using testing::in_namespace;
+using testing::Namespaces;
 
 using testing::free_port;
 using testing::metric;
