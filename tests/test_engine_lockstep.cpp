@@ -23,7 +23,10 @@ class Outputs {
   OutputSink sink(uint64_t id) {
     return [this, id](RequestOutput&& out) {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& d : out.sequences) tokens_[id].insert(tokens_[id].end(), d.tokens.begin(), d.tokens.end());
+      for (auto& d : out.sequences) {
+        tokens_[id].insert(tokens_[id].end(), d.tokens.begin(), d.tokens.end());
+        logprob_[id] = d.cumulative_logprob;
+      }
       if (!out.error.empty()) errors_[id] = out.error;
       if (out.finished) ++finished_, cv_.notify_all();
     };
@@ -40,6 +43,11 @@ class Outputs {
     std::lock_guard<std::mutex> lock(mu_);
     return errors_;
   }
+  // Each request's cumulative log-probability: equal bits, equal logits.
+  std::map<uint64_t, double> logprobs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return logprob_;
+  }
 
  private:
   std::mutex mu_;
@@ -47,6 +55,7 @@ class Outputs {
   int finished_ = 0;
   std::map<uint64_t, std::vector<int32_t>> tokens_;
   std::map<uint64_t, std::string> errors_;
+  std::map<uint64_t, double> logprob_;
 };
 
 struct Rank {
@@ -65,20 +74,26 @@ EngineConfig small_engine() {
 // `n` engines in one lockstep group over gloo.
 class Group {
  public:
-  explicit Group(int n, int timeout_ms = 5000) {
+  explicit Group(int n, int timeout_ms = 5000, const std::string& arch = "llama", bool expert_parallel = false) {
     static int counter = 0;
     dir_ = std::filesystem::temp_directory_path() /
            ("tandem-dp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    auto& fx = testing::tiny_llama_f16();
+    auto& fx = testing::tiny_f16(arch);
     used_.assign(static_cast<size_t>(n), 0);
     for (int r = 0; r < n; ++r) {
       auto rank = std::make_unique<Rank>();
-      rank->model = Model::load(fx.file);
+      LoadOptions load;
+      if (expert_parallel) load.expert_rank = r, load.expert_ranks = n;
+      rank->model = Model::load(fx.file, load);
       rank->engine = std::make_unique<EngineCore>(*rank->model, *fx.tokenizer, small_engine());
       LockstepHooks hooks;
-      hooks.connect = [this, r, n, timeout_ms] {
+      hooks.expert_parallel = expert_parallel;
+      hooks.rank = r;
+      hooks.size = n;
+      const parallel::LockstepConfig plan{expert_parallel ? rank->model->n_expert_layers() : 0, 0};
+      hooks.connect = [this, r, n, timeout_ms, plan] {
         GlooGroupOptions o;
         o.rank = r;
         o.size = n;
@@ -87,7 +102,7 @@ class Group {
         used_[static_cast<size_t>(r)] = gen;
         o.generation = "g" + std::to_string(gen);
         o.timeout_ms = timeout_ms;
-        return std::make_unique<parallel::LockstepGroup>(std::make_unique<GlooTransport>(o), parallel::LockstepConfig{});
+        return std::make_unique<parallel::LockstepGroup>(std::make_unique<GlooTransport>(o), plan);
       };
       // A failed group, or one that did not form, is rebuilt under the next
       // generation's keys; every rank moves on from the same one.
@@ -148,8 +163,9 @@ std::vector<int32_t> prompt_of(int i) {
 }
 
 // The same requests on one engine without a group.
-std::map<uint64_t, std::vector<int32_t>> single_engine(int n_requests, int max_tokens) {
-  auto& fx = testing::tiny_llama_f16();
+std::map<uint64_t, std::vector<int32_t>> single_engine(int n_requests, int max_tokens, const std::string& arch = "llama",
+                                                       std::map<uint64_t, double>* logprobs = nullptr) {
+  auto& fx = testing::tiny_f16(arch);
   auto model = Model::load(fx.file);
   EngineCore engine(*model, *fx.tokenizer, small_engine());
   Outputs outputs;
@@ -164,6 +180,7 @@ std::map<uint64_t, std::vector<int32_t>> single_engine(int n_requests, int max_t
     EXPECT_FALSE(engine.add_request(std::move(req)).has_value());
   }
   while (engine.has_work()) engine.step();
+  if (logprobs != nullptr) *logprobs = outputs.logprobs();
   return outputs.tokens();
 }
 
@@ -225,6 +242,43 @@ TEST(EngineLockstep, ALostPeerFailsTheInFlightRequestsWithAnErrorNamingIt) {
   EXPECT_NE(why.find("not formed"), std::string::npos) << why;
   EXPECT_EQ(g.rank(0).engine->kv_stats().owned, 0);  // the failed request's blocks are back
 }
+
+// Expert parallelism: each rank holds half of every MoE layer's experts; a
+// token's rows go to the ranks of its experts and come back, summed in its
+// own rank order. Output equals the single-rank model bitwise (the same
+// tokens and the same cumulative log-probabilities, to the bit).
+class EngineExpertParallel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EngineExpertParallel, TwoRanksEqualOneBitwiseWithRequestsOnBothAndOnOneRankOnly) {
+  const std::string arch = GetParam();
+  constexpr int kRequests = 8, kMaxTokens = 20;
+  std::map<uint64_t, double> expected_logprobs;
+  const auto expected = single_engine(kRequests, kMaxTokens, arch, &expected_logprobs);
+  for (bool both : {true, false}) {
+    SCOPED_TRACE(both ? "requests on both ranks" : "requests on rank 0, rank 1 only serves its experts");
+    Group g(2, 5000, arch, /*expert_parallel=*/true);
+    for (int i = 0; i < kRequests; ++i) g.submit(both ? i % 2 : 0, static_cast<uint64_t>(i + 1), prompt_of(i), kMaxTokens);
+    ASSERT_TRUE(g.rank(0).outputs.wait_finished(both ? kRequests / 2 : kRequests, 60'000));
+    if (both) {
+      ASSERT_TRUE(g.rank(1).outputs.wait_finished(kRequests / 2, 60'000));
+    }
+    auto got = g.rank(0).outputs.tokens();
+    got.merge(g.rank(1).outputs.tokens());
+    auto logprobs = g.rank(0).outputs.logprobs();
+    logprobs.merge(g.rank(1).outputs.logprobs());
+    EXPECT_EQ(got, expected);
+    EXPECT_EQ(logprobs, expected_logprobs);
+    const LockstepStatus st = g.rank(1).engine->lockstep_status();
+    EXPECT_GT(st.counters.by_kind[static_cast<size_t>(parallel::OpKind::kExpertDispatch)].count, 0);
+    EXPECT_EQ(st.counters.by_kind[static_cast<size_t>(parallel::OpKind::kExpertDispatch)].count,
+              st.counters.by_kind[static_cast<size_t>(parallel::OpKind::kExpertCombine)].count);
+    if (!both) {
+      EXPECT_GT(st.counters.dummy_steps, 0);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, EngineExpertParallel, ::testing::Values("qwen3moe", "qwen3next"));
 
 }  // namespace
 }  // namespace tandem

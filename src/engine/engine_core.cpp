@@ -86,6 +86,11 @@ void EngineCore::set_lockstep(LockstepHooks hooks) {
   TANDEM_ASSERT(!running_.load() && hooks.connect, "set_lockstep before start(), with a connect hook");
   lockstep_ = std::move(hooks);
   lockstep_enabled_ = true;
+  if (lockstep_.expert_parallel) {
+    TANDEM_ASSERT(model_.n_expert_layers() > 0, "expert parallelism needs a model with expert layers");
+    experts_ = std::make_unique<LockstepExpertExchange>(lockstep_.rank, lockstep_.size);
+    model_.set_expert_exchange(experts_.get());
+  }
   std::lock_guard<std::mutex> lock(lockstep_mu_);
   lockstep_info_.enabled = true;
 }
@@ -103,6 +108,7 @@ void EngineCore::stop() {
   // The group goes with the loop, so peers still in an op with this rank
   // learn at once that it left (their connections close).
   std::lock_guard<std::mutex> lock(lockstep_mu_);
+  if (experts_) experts_->bind(nullptr);
   group_.reset();
   lockstep_info_.connected = false;
 }
@@ -666,6 +672,7 @@ void EngineCore::lockstep_loop() {
         auto group = lockstep_.connect();
         std::lock_guard<std::mutex> lock(lockstep_mu_);
         group_ = std::move(group);
+        if (experts_) experts_->bind(group_.get());
         lockstep_step_ = 0;
         lockstep_info_.connected = true;
         lockstep_info_.rank = group_->rank();
@@ -724,8 +731,14 @@ bool EngineCore::lockstep_step() {
       lockstep_info_.step_id = d.step_id;
       lockstep_info_.loads = d.ranks;
     }
-    if (!out.chunks.empty()) run_step(out, step_.load(std::memory_order_relaxed) + 1, step_sw, schedule_ns);
-    else publish();  // a dummy step (peers have work) or an idle one: this rank computes nothing
+    if (!out.chunks.empty()) {
+      run_step(out, step_.load(std::memory_order_relaxed) + 1, step_sw, schedule_ns);
+    } else {
+      // A dummy step (peers have work): with expert parallelism this rank
+      // still computes its experts for their rows; an idle step runs nothing.
+      if (experts_ && d.any_work) model_.run_expert_layers_empty(*pool_);
+      publish();
+    }
     group_->end_step();
     return d.any_work;
   } catch (const parallel::LockstepError& e) {
@@ -736,6 +749,7 @@ bool EngineCore::lockstep_step() {
     {
       std::lock_guard<std::mutex> lock(lockstep_mu_);
       lockstep_info_.counters = group_->counters();  // kept: what the failed group did
+      if (experts_) experts_->bind(nullptr);
       group_.reset();
       lockstep_info_.connected = false;
       ++lockstep_info_.group_failures;

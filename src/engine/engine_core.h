@@ -29,6 +29,7 @@
 #include "kv/block_manager.h"
 #include "kv/kv_pool.h"
 #include "util/clock.h"
+#include "engine/lockstep_experts.h"
 #include "parallel/lockstep_group.h"
 
 namespace tandem {
@@ -67,6 +68,12 @@ struct LockstepHooks {
   std::function<void(const parallel::LockstepError&)> on_failure;
   // Called by stop(): makes a connect under way give up soon.
   std::function<void()> interrupt;
+  // The model's experts are split over the group's ranks (the model loaded
+  // with LoadOptions::expert_ranks = the group's size); the group's config
+  // must plan the model's n_expert_layers().
+  bool expert_parallel = false;
+  int rank = 0;  // this engine's rank (the model's expert rank)
+  int size = 1;
   int idle_wait_ms = 5;         // between consensus rounds when no rank has work
   int reconnect_wait_ms = 200;  // between attempts to (re)build the group
 };
@@ -203,6 +210,7 @@ class EngineCore {
   LockstepHooks lockstep_;
   bool lockstep_enabled_ = false;
   std::unique_ptr<parallel::LockstepGroup> group_;  // used by the engine thread only
+  std::unique_ptr<LockstepExpertExchange> experts_;  // expert parallelism
   int64_t lockstep_step_ = 0;
   mutable std::mutex lockstep_mu_;  // guards group_ swaps (against readers) and lockstep_info_
   LockstepStatus lockstep_info_;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/matmul.h"
+#include "model/expert_exchange.h"
 #include "model/forward_pass.h"
 
 namespace tandem {
@@ -27,6 +28,9 @@ struct ExpertFfnWeights {
   const float* ffn_norm = nullptr;
   kernels::WeightMatrix router;                      // ffn_gate_inp: n_expert rows
   std::vector<kernels::WeightMatrix> gate, up, down;  // one per expert
+  // Expert parallelism: the experts this rank holds (the others are empty).
+  int64_t first_local = 0;
+  int64_t n_local = 0;
   bool has_shared = false;
   kernels::WeightMatrix shared_gate_inp;  // one row: the shared expert's gate
   kernels::WeightMatrix shared_gate, shared_up, shared_down;
@@ -36,10 +40,18 @@ struct ExpertFfnWeights {
   uint64_t bytes_per_token(int64_t n_used) const;
 };
 
-ExpertFfnWeights load_expert_ffn(const gguf::File& f, const std::string& prefix, const ModelConfig& c);
+// Loads the layer, keeping experts [first, first + count) (count -1: all).
+ExpertFfnWeights load_expert_ffn(const gguf::File& f, const std::string& prefix, const ModelConfig& c,
+                                 int64_t first = 0, int64_t count = -1);
 
-// Adds the layer's feed-forward output to pass.ws.x.
+// Adds the layer's feed-forward output to pass.ws.x; with pass.experts,
+// exchanging rows with the ranks that hold the experts they are routed to.
 void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w);
+
+// Expert parallelism: the layer's exchanges for a rank with no rows of its
+// own, computing its experts for the rows its peers send.
+void run_expert_exchange_empty(ForwardWorkspace& ws, const ExpertFfnWeights& w, const ModelConfig& c, ThreadPool& pool,
+                               ExpertExchange& exchange);
 
 // The experts of one token and their weights, from its router logits, as
 // llama.cpp chooses them: softmax, the n_used most probable (ties to the

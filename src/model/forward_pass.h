@@ -35,10 +35,16 @@ struct ForwardWorkspace {
   std::vector<float> shared_gate, shared_gate_up, shared_out;  // qwen3next's shared expert
   std::vector<int32_t> expert_of_slot, row_of_slot, expert_first_row, expert_next_row;
   std::vector<kernels::MatmulTask> expert_tasks;
+  // Expert parallelism (expert_exchange.h): rows out, rows in, outputs back.
+  std::vector<float> ep_send, ep_recv, ep_back, ep_ret;
+  std::vector<int64_t> ep_send_rows, ep_recv_rows, ep_ret_rows;
+  std::vector<int32_t> ep_grouped_of_recv, ep_first_row;
   // Gated delta-net (delta_net_layer.h) and gated attention.
   std::vector<float> ssm_qkv, ssm_conv, ssm_conv_keep, ssm_z, ssm_ba, ssm_out, qg, attn_gate;
   std::vector<int32_t> state_slots;  // per entry of `sequences`
 };
+
+class ExpertExchange;
 
 struct ForwardPass {
   const ModelConfig& c;
@@ -48,6 +54,7 @@ struct ForwardPass {
   ForwardWorkspace& ws;
   OpProfile* prof = nullptr;
   kernels::RopeParams rope;
+  ExpertExchange* experts = nullptr;  // expert parallelism: the exchange (null: every expert here)
 
   // RMSNorm of the residual rows as the input of a matmul group: quantized
   // directly for an all-Q8_0 group, else f32 rows in ws.xn.

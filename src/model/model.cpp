@@ -70,7 +70,12 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
     }
     switch (layer.plan.ffn) {
       case FfnKind::kDense: layer.ffn = load_dense_ffn(f, p, c); break;
-      case FfnKind::kExperts: layer.experts = load_expert_ffn(f, p, c); break;
+      case FfnKind::kExperts: {
+        const int64_t first = first_expert_of(options.expert_rank, c.n_expert, options.expert_ranks);
+        const int64_t end = first_expert_of(options.expert_rank + 1, c.n_expert, options.expert_ranks);
+        layer.experts = load_expert_ffn(f, p, c, first, end - first);
+        break;
+      }
     }
   }
   // Interleave every matrix that can be (not the embedding table, which is
@@ -256,7 +261,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
     }
   }
 
-  ForwardPass pass{c, n, pool, kv, ws_, profile_, {}};
+  ForwardPass pass{c, n, pool, kv, ws_, profile_, {}, experts_exchange_};
   if (pass.prof != nullptr) ++pass.prof->forwards;
   {
     OpTimer timer(pass.prof, Op::kEmbed);
@@ -304,6 +309,18 @@ std::string_view name(Op op) {
       "embed", "rms_norm", "qkv_matmul", "rope_angles", "attention", "out_proj", "gate_up_matmul", "down_matmul",
       "moe_route", "recurrent", "lm_head"};
   return names[static_cast<size_t>(op)];
+}
+
+int Model::n_expert_layers() const {
+  int n = 0;
+  for (const Layer& layer : layers_) n += layer.plan.ffn == FfnKind::kExperts ? 1 : 0;
+  return n;
+}
+
+void Model::run_expert_layers_empty(ThreadPool& pool) {
+  TANDEM_ASSERT(experts_exchange_ != nullptr, "an empty expert pass is for expert parallelism");
+  for (const Layer& layer : layers_)
+    if (layer.plan.ffn == FfnKind::kExperts) run_expert_exchange_empty(ws_, layer.experts, config_, pool, *experts_exchange_);
 }
 
 }  // namespace tandem

@@ -65,6 +65,10 @@ struct LoadOptions {
   // (WeightMatrix::group), dropping the file's pages as each is copied, so
   // the process keeps one copy. Results are bitwise the same either way.
   bool interleave_weights = true;
+  // Expert parallelism: this rank holds only its block of every MoE layer's
+  // experts (expert_exchange.h).
+  int expert_rank = 0;
+  int expert_ranks = 1;
 };
 
 class Model {
@@ -94,6 +98,15 @@ class Model {
   void forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* logits);
   std::vector<float> forward(const Batch& batch, KvPool& kv, ThreadPool& pool);
 
+  // Expert parallelism: forward() exchanges each MoE layer's rows through
+  // `exchange` (null: every expert is here; loaded with LoadOptions::expert_ranks).
+  void set_expert_exchange(ExpertExchange* exchange) { experts_exchange_ = exchange; }
+  // The MoE layers (each one dispatch and one combine under expert parallelism).
+  int n_expert_layers() const;
+  // A rank with no rows this step: every MoE layer's exchanges, computing
+  // its experts for its peers' rows.
+  void run_expert_layers_empty(ThreadPool& pool);
+
   // Accumulate per-op times of every forward into `profile` (null: off).
   void set_profile(OpProfile* profile) { profile_ = profile; }
 
@@ -111,6 +124,7 @@ class Model {
   uint64_t weight_bytes_per_step_ = 0;
   AnonymousMemory interleaved_;  // the interleaved matrices, when LoadOptions::interleave_weights
   OpProfile* profile_ = nullptr;
+  ExpertExchange* experts_exchange_ = nullptr;
 
   ForwardWorkspace ws_;  // scratch reused across calls (the forward is driven by one thread)
 };

@@ -31,6 +31,12 @@ class FrameTransport {
   // (all[rank()] = mine). `arrived(r)` is called as each peer's frame lands,
   // on the calling thread. Throws TransportError.
   virtual void exchange(const Frame& mine, std::span<Frame> all, const std::function<void(int)>& arrived) = 0;
+  // The data phase of an op, after its frames agreed on the sizes: sends
+  // send_bytes[r] bytes (packed in rank order in `send`) to each rank r and
+  // receives recv_bytes[r] from each into `recv` (packed likewise). Throws
+  // TransportError.
+  virtual void all_to_all(const void* send, std::span<const int64_t> send_bytes, void* recv,
+                          std::span<const int64_t> recv_bytes) = 0;
 };
 
 }  // namespace tandem::parallel

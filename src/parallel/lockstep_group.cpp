@@ -188,6 +188,40 @@ std::vector<Frame> LockstepGroup::op(OpKind kind, std::span<const int64_t> paylo
   return all;
 }
 
+std::vector<int64_t> LockstepGroup::op_all_to_all(OpKind kind, const void* send, std::span<const int64_t> send_bytes,
+                                                  std::vector<char>& recv) {
+  TANDEM_ASSERT(static_cast<int>(send_bytes.size()) == size(), "one send size per rank");
+  int64_t total_send = 0;
+  for (int64_t b : send_bytes) total_send += b;
+  const std::vector<Frame> all = op(kind, send_bytes, total_send);
+  const int64_t start_ns = monotonic_ns();  // the frames' time is op()'s
+  std::vector<int64_t> recv_bytes(static_cast<size_t>(size()));
+  int64_t total_recv = 0;
+  for (int r = 0; r < size(); ++r) {
+    recv_bytes[static_cast<size_t>(r)] = all[static_cast<size_t>(r)].payload[rank()];
+    // A peer's size is input from the wire: checked before it sizes a buffer.
+    if (recv_bytes[static_cast<size_t>(r)] < 0 || recv_bytes[static_cast<size_t>(r)] > (int64_t{1} << 34))
+      raise(LockstepError(LockstepError::Kind::kDivergence, r, "data_bytes",
+                          "data-parallel rank " + std::to_string(r) + " announced " +
+                              std::to_string(recv_bytes[static_cast<size_t>(r)]) + " bytes for op " +
+                              op_kind_name(static_cast<int64_t>(kind))));
+    total_recv += recv_bytes[static_cast<size_t>(r)];
+  }
+  recv.resize(static_cast<size_t>(total_recv));
+  try {
+    transport_.all_to_all(send, send_bytes, recv.data(), recv_bytes);
+  } catch (const TransportError& e) {
+    raise(LockstepError(LockstepError::Kind::kTransport, -1, "transport",
+                        "data-parallel group failed in step " + std::to_string(step_id_) + " moving the data of op " +
+                            op_kind_name(static_cast<int64_t>(kind)) + ": " + e.what()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  OpCounters& c = counters_.by_kind[static_cast<size_t>(kind)];
+  c.bytes += total_recv;
+  c.total_ns += monotonic_ns() - start_ns;
+  return recv_bytes;
+}
+
 void LockstepGroup::fail_step(FailureCode code) {
   check_owner();
   TANDEM_ASSERT(code != FailureCode::kNone, "fail_step needs a failure");

@@ -128,6 +128,12 @@ class LockstepGroup {
   // The plan's next op: exchanges this rank's frame (payload, data_bytes)
   // and returns every rank's, in rank order.
   std::vector<Frame> op(OpKind kind, std::span<const int64_t> payload = {}, int64_t data_bytes = 0);
+  // The plan's next op with a data phase: every rank sends send_bytes[r]
+  // bytes to rank r (packed in rank order in `send`); the frames agree the
+  // sizes, then the data moves. Returns the bytes received from each rank,
+  // packed in rank order into `recv` (resized).
+  std::vector<int64_t> op_all_to_all(OpKind kind, const void* send, std::span<const int64_t> send_bytes,
+                                     std::vector<char>& recv);
   // A local failure mid-step: the remaining planned ops run with the failure
   // in their frames, so peers are not left in them, then every rank raises.
   [[noreturn]] void fail_step(FailureCode code);

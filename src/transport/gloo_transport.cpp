@@ -15,8 +15,9 @@
 namespace tandem {
 namespace {
 
-// The one slot control frames travel on (data ops use others).
+// The one slot control frames travel on, and the one data phases use.
 constexpr uint64_t kControlSlot = 0x74616e64;
+constexpr uint64_t kDataSlot = 0x74616e65;
 
 template <typename F>
 void translating_gloo_errors(const char* what, F&& f) {
@@ -103,6 +104,42 @@ void GlooTransport::exchange(const parallel::Frame& mine, std::span<parallel::Fr
   });
   recv_frames_[static_cast<size_t>(options_.rank)] = mine;
   std::memcpy(all.data(), recv_frames_.get(), sizeof(parallel::Frame) * static_cast<size_t>(n));
+}
+
+}  // namespace tandem
+
+namespace tandem {
+
+void GlooTransport::all_to_all(const void* send, std::span<const int64_t> send_bytes, void* recv,
+                               std::span<const int64_t> recv_bytes) {
+  const int n = options_.size;
+  const int me = options_.rank;
+  const auto timeout = std::chrono::milliseconds(options_.timeout_ms);
+  std::vector<size_t> send_at(static_cast<size_t>(n) + 1, 0), recv_at(static_cast<size_t>(n) + 1, 0);
+  for (int r = 0; r < n; ++r) {
+    send_at[static_cast<size_t>(r) + 1] = send_at[static_cast<size_t>(r)] + static_cast<size_t>(send_bytes[static_cast<size_t>(r)]);
+    recv_at[static_cast<size_t>(r) + 1] = recv_at[static_cast<size_t>(r)] + static_cast<size_t>(recv_bytes[static_cast<size_t>(r)]);
+  }
+  std::memcpy(static_cast<char*>(recv) + recv_at[static_cast<size_t>(me)],
+              static_cast<const char*>(send) + send_at[static_cast<size_t>(me)],
+              static_cast<size_t>(send_bytes[static_cast<size_t>(me)]));
+  translating_gloo_errors("data-parallel data exchange", [&] {
+    // gloo refuses zero-length buffers: a rank that moves nothing posts nothing.
+    std::unique_ptr<::gloo::transport::UnboundBuffer> out, in;
+    if (send_at.back() > 0) out = context_->createUnboundBuffer(const_cast<void*>(send), send_at.back());
+    if (recv_at.back() > 0) in = context_->createUnboundBuffer(recv, recv_at.back());
+    int sends = 0, recvs = 0;
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      const auto p = static_cast<size_t>(peer);
+      if (recv_bytes[p] > 0) in->recv(peer, kDataSlot, recv_at[p], static_cast<size_t>(recv_bytes[p])), ++recvs;
+      if (send_bytes[p] > 0) out->send(peer, kDataSlot, send_at[p], static_cast<size_t>(send_bytes[p])), ++sends;
+    }
+    for (int i = 0; i < recvs; ++i)
+      if (!in->waitRecv(timeout)) throw parallel::TransportError("data-parallel data exchange: receive aborted");
+    for (int i = 0; i < sends; ++i)
+      if (!out->waitSend(timeout)) throw parallel::TransportError("data-parallel data exchange: send aborted");
+  });
 }
 
 }  // namespace tandem

@@ -47,6 +47,8 @@ class GlooTransport : public parallel::FrameTransport {
   int size() const override { return options_.size; }
   void exchange(const parallel::Frame& mine, std::span<parallel::Frame> all,
                 const std::function<void(int)>& arrived) override;
+  void all_to_all(const void* send, std::span<const int64_t> send_bytes, void* recv,
+                  std::span<const int64_t> recv_bytes) override;
 
  private:
   GlooGroupOptions options_;
