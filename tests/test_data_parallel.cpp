@@ -21,14 +21,14 @@ using testing::free_port;
 using testing::metric;
 using testing::ProcessGroup;
 
-std::string tiny_model() { return testing::tiny_model_path("llama", kernels::DType::kF16); }
+std::string tiny_model(const std::string& arch = "llama") { return testing::tiny_model_path(arch, kernels::DType::kF16); }
 
 // A server (data-parallel or not) in its own process group.
 struct Serve {
   int port = free_port();
   std::unique_ptr<ProcessGroup> group;
-  explicit Serve(const std::string& extra) {
-    group = std::make_unique<ProcessGroup>(std::string(TANDEM_BINARY) + " serve -m " + tiny_model() + " --port " +
+  explicit Serve(const std::string& extra, const std::string& arch = "llama") {
+    group = std::make_unique<ProcessGroup>(std::string(TANDEM_BINARY) + " serve -m " + tiny_model(arch) + " --port " +
                                            std::to_string(port) + " -t 1 --kv-cache-mb 16 " + extra);
   }
   // Waits for `n` "group formed" lines (one per rank), or the server line.
@@ -153,6 +153,37 @@ TEST(DataParallelServe, AnIdleRankRunsDummyStepsBesideTheBusyOneWithoutAHang) {
   EXPECT_EQ(busy.value("dummy_steps", int64_t{-1}), 0);
   EXPECT_EQ(idle.value("group_failures", int64_t{-1}), 0);
   EXPECT_EQ(metric(host1, port1, "tandem_request_success_total"), 0);
+}
+
+// Expert parallelism across processes: every MoE layer's experts split over
+// the two ranks; output equals one instance's (greedy and seeded n = 2).
+class DataParallelExperts : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DataParallelExperts, TwoRanksWithSplitExpertsServeAsOneInstanceWould) {
+  const std::string arch = GetParam();
+  Serve single("", arch);
+  Serve dp("--data-parallel-size 2 --enable-expert-parallel", arch);
+  ASSERT_TRUE(single.ready(1)) << single.group->log();
+  ASSERT_TRUE(dp.ready(2)) << dp.group->log();
+  constexpr int kRequests = 10;
+  std::vector<json> got(kRequests);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) clients.emplace_back([&, i] { got[static_cast<size_t>(i)] = post(dp.port, request(i)); });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kRequests; ++i)
+    EXPECT_EQ(texts(got[static_cast<size_t>(i)]), texts(post(single.port, request(i)))) << "request " << i;
+  const json dbg = get(dp.port, "/debug/parallel");
+  EXPECT_GT(dbg["ops_by_kind"]["expert_dispatch"].value("count", int64_t{0}), 0) << dbg.dump();
+  const auto [host1, port1] = rank_address(dp.port, 1);
+  EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(metric(host1, port1, "tandem_kv_cache_usage_perc"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, DataParallelExperts, ::testing::Values("qwen3moe", "qwen3next"));
+
+TEST(DataParallelServe, ExpertParallelWithoutDataParallelIsRefusedWithTheFlagToAdd) {
+  ProcessGroup serve(std::string(TANDEM_BINARY) + " serve -m " + tiny_model("qwen3moe") + " --port 0 --enable-expert-parallel");
+  EXPECT_TRUE(serve.wait_for("give --data-parallel-size N", 30'000)) << serve.log();
 }
 
 // A streamed request through `port`, read on its own thread.

@@ -118,7 +118,15 @@ void run_serve(ServeArgs& a) {
   }
 
   const std::string path = a.model_path.empty() ? ensure_demo_model() : a.model_path;
-  LoadedModel lm = load_model(path);
+  const bool expert_parallel = data_parallel && a.dp.expert_parallel;
+  if (a.dp.expert_parallel && !data_parallel)
+    throw Error("--enable-expert-parallel splits the experts over the data-parallel ranks: give --data-parallel-size N (N > 1)");
+  LoadedModel lm = load_model(path, false, true, expert_parallel ? dp_rank : 0, expert_parallel ? a.dp.size : 1);
+  if (expert_parallel && lm.model->n_expert_layers() == 0)
+    throw Error("--enable-expert-parallel: " + lm.model->config().arch + " has no expert layers");
+  if (expert_parallel && lm.model->config().n_expert < a.dp.size)
+    throw Error("--enable-expert-parallel: " + std::to_string(lm.model->config().n_expert) +
+                " experts cannot be split over " + std::to_string(a.dp.size) + " ranks");
   if (a.server.served_model_name.empty()) a.server.served_model_name = lm.model->config().name.empty() ? path : lm.model->config().name;
   a.engine.kv_cache_bytes = a.kv_cache_mb << 20;
   a.engine.kv_dtype = kernels::parse_dtype(a.kv_dtype);
@@ -149,7 +157,7 @@ void run_serve(ServeArgs& a) {
   std::unique_ptr<DataParallelRank> dp;
   if (data_parallel) {
     dp = std::make_unique<DataParallelRank>(a.dp, dp_rank, parallel::LockstepConfig{});
-    engine.set_lockstep(dp->hooks());
+    engine.set_lockstep(dp->hooks(expert_parallel ? lm.model->n_expert_layers() : 0));
   }
   server::HttpServer http(engine, *lm.model, *lm.tokenizer, a.server);
   const int port = http.bind();
@@ -270,6 +278,8 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--data-parallel-soft-deadline-ms", a->dp.soft_deadline_ms,
                   "Report a rank that waits in a collective longer than this")
       ->check(CLI::Range(10, 3'600'000));
+  cmd->add_flag("--enable-expert-parallel", a->dp.expert_parallel,
+               "Split every MoE layer's experts over the data-parallel ranks (all-to-all over gloo)");
   cmd->add_option("--node-id", a->pd.node, "Node id in the cluster (0: random)");
   cmd->add_option("--transfer-host", a->pd.transfer_host, "Address of the KV transfer listener (default loopback)");
   cmd->add_option("--transfer-port", a->pd.transfer_port, "Port of the KV transfer listener (0: any free port)");

@@ -93,8 +93,12 @@ DataParallelRank::~DataParallelRank() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-LockstepHooks DataParallelRank::hooks() {
+LockstepHooks DataParallelRank::hooks(int expert_layers) {
   LockstepHooks h;
+  h.expert_parallel = expert_layers > 0;
+  h.rank = rank_;
+  h.size = options_.size;
+  config_.n_expert_layers = expert_layers;
   h.connect = [this]() -> std::unique_ptr<parallel::LockstepGroup> {
     const int g = std::max(dir_.generation(), next_generation_);
     dir_.set_rank_generation(rank_, g);

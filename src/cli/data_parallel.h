@@ -35,6 +35,7 @@ struct DataParallelOptions {
   std::string host = "127.0.0.1";     // this host's address for gloo and the ranks' HTTP listeners
   int timeout_ms = 30'000;            // gloo: rendezvous and every exchange
   int soft_deadline_ms = 5'000;       // a rank parked in an op longer than this is reported
+  bool expert_parallel = false;       // split every MoE layer's experts over the ranks
   bool enabled() const { return size > 1; }
   int local_count() const { return size_local > 0 ? size_local : size - start_rank; }
 };
@@ -64,7 +65,8 @@ class DataParallelRank {
   DataParallelRank(const DataParallelOptions& options, int rank, parallel::LockstepConfig config);
   ~DataParallelRank();
   int rank() const { return rank_; }
-  LockstepHooks hooks();
+  // expert_layers: the model's MoE layers when expert parallel (0 otherwise).
+  LockstepHooks hooks(int expert_layers);
   // Starts the thread that reports an op waited in past the soft deadline.
   void watch(const EngineCore& engine);
   const RendezvousDir& dir() const { return dir_; }
