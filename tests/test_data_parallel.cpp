@@ -174,6 +174,10 @@ TEST_P(DataParallelExperts, TwoRanksWithSplitExpertsServeAsOneInstanceWould) {
     EXPECT_EQ(texts(got[static_cast<size_t>(i)]), texts(post(single.port, request(i)))) << "request " << i;
   const json dbg = get(dp.port, "/debug/parallel");
   EXPECT_GT(dbg["ops_by_kind"]["expert_dispatch"].value("count", int64_t{0}), 0) << dbg.dump();
+  if (HasFailure()) {
+    dp.group->wait_for("(the rest of the log)", 500);
+    ADD_FAILURE() << dp.group->log();
+  }
   const auto [host1, port1] = rank_address(dp.port, 1);
   EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_kv_cache_usage_perc"), 0);
   EXPECT_EQ(metric(host1, port1, "tandem_kv_cache_usage_perc"), 0);

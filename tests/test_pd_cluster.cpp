@@ -279,6 +279,45 @@ TEST_P(PdClusterLoad, ConcurrentMixedRequestsEqualOneInstance) {
   expect_drained(c.port);
 }
 
+// Seed 000's shape scaled down: 2 prefill and 2 decode instances, each
+// decode a data-parallel group of 2 ranks with the experts split over them
+// (qwen3moe). 64 concurrent mixed requests (seeded n > 1 among them) equal
+// one instance's answers, every rank took part, nothing hangs, every pool
+// drains, and the router counts each group as one decode instance.
+TEST(PdClusterDataParallel, TwoPrefillsAndTwoExpertParallelDecodeGroupsServeSixtyFourMixedRequests) {
+  Cluster c(2, 2, "write", "--decode-args '--data-parallel-size 2 --enable-expert-parallel'", 16, "qwen3moe");
+  Single single("qwen3moe");
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  ASSERT_GT(single.port, 0);
+  constexpr int kRequests = 64;
+  auto path = [](int i) { return i % 3 == 1 ? "/v1/chat/completions" : "/v1/completions"; };
+  std::vector<std::vector<std::string>> want, got(kRequests);
+  for (int i = 0; i < kRequests; ++i) want.push_back(texts(post(single.port, path(i), mixed_request(i))));
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i)
+    clients.emplace_back([&, i] { got[i] = texts(post(c.port, path(i), mixed_request(i))); });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+
+  httplib::Client cli("127.0.0.1", c.port);
+  const json health = json::parse(cli.Get("/health")->body);
+  EXPECT_EQ(health.value("decode", 0), 2) << health.dump();
+  EXPECT_EQ(health.value("decode_ranks", 0), 4) << health.dump();
+  const json listed = json::parse(cli.Get("/debug/instances")->body);
+  EXPECT_EQ(listed["instances"].size(), 6u);
+  for (const json& i : listed["instances"]) {
+    EXPECT_GT(i["requests"].get<int>(), 0) << i.dump();
+    if (i["role"] == "decode") {
+      EXPECT_EQ(i["data_parallel"]["size"], 2) << i.dump();
+      const json dbg = json::parse(
+          httplib::Client("127.0.0.1", i["api_port"].get<int>()).Get("/debug/parallel")->body, nullptr, false);
+      EXPECT_GT(dbg["ops_by_kind"]["expert_dispatch"].value("count", int64_t{0}), 0) << dbg.dump();
+      EXPECT_EQ(dbg.value("group_failures", -1), 0) << dbg.dump();
+    }
+  }
+  expect_drained(c.port);
+}
+
 INSTANTIATE_TEST_SUITE_P(Topologies, PdClusterLoad, ::testing::Values(std::make_pair(2, 2), std::make_pair(1, 3)),
                          [](const auto& info) {
                            return std::to_string(info.param.first) + "P" + std::to_string(info.param.second) + "D";

@@ -74,10 +74,6 @@ bool resolve_data_parallel(ServeArgs& a, int* rank, bool* spawned) {
   if (dp.start_rank >= dp.size || dp.start_rank + dp.local_count() > dp.size)
     throw Error("--data-parallel-start-rank " + std::to_string(dp.start_rank) + " with --data-parallel-size-local " +
                 std::to_string(dp.local_count()) + " does not fit --data-parallel-size " + std::to_string(dp.size));
-  if (a.role != "both")
-    throw Error("--data-parallel-size with --role " + a.role +
-                " is not supported yet: run data-parallel ranks as role both (one instance), or P/D instances "
-                "without data parallelism");
   if (!dp.rendezvous_dir.empty()) {
     std::filesystem::create_directories(dp.rendezvous_dir);
     return false;
@@ -165,7 +161,9 @@ void run_serve(ServeArgs& a) {
   std::unique_ptr<RankSupervisor> supervisor;
   if (data_parallel) {
     dp->dir().publish_http(dp_rank, a.server.host, port);
-    if (dp_rank == 0) {
+    // Behind a router (P/D) every rank registers and is picked on its own;
+    // alone, the front hands requests to the ranks.
+    if (dp_rank == 0 && a.role == "both") {
       front = std::make_unique<DataParallelFront>(a.dp, engine, dp->dir(), a.server.api_key,
                                                   [&http] { return http.in_flight(); });
       http.set_dp_hook(front->hook());
@@ -177,6 +175,16 @@ void run_serve(ServeArgs& a) {
   std::unique_ptr<PdInstance> pd_instance;
   if (a.role != "both") {
     a.pd.secret = cluster_secret(a.pd.secret);
+    if (data_parallel) {
+      // Each rank is its own node (--node-id + 1000 x rank) with its own
+      // transfer listener (--transfer-port + rank when one is given).
+      a.pd.dp_group = a.dp.rendezvous_dir;
+      a.pd.dp_rank = dp_rank;
+      a.pd.dp_size = a.dp.size;
+      if (a.pd.node != 0) a.pd.node += static_cast<pd::NodeId>(1000 * dp_rank);
+      if (a.pd.transfer_port != 0) a.pd.transfer_port = static_cast<uint16_t>(a.pd.transfer_port + dp_rank);
+      if (dp_rank != 0) a.pd.transfer_host = a.dp.host;
+    }
     pd_instance = std::make_unique<PdInstance>(engine, *lm.file, http, a.server.served_model_name, a.pd);
   }
   if (data_parallel)

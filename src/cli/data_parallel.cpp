@@ -113,7 +113,6 @@ LockstepHooks DataParallelRank::hooks(int expert_layers) {
     try {
       auto transport = std::make_unique<GlooTransport>(o);
       current_generation_ = g;
-      std::fprintf(stderr, "tandem: data-parallel rank %d of %d: group formed (generation %d)\n", rank_, options_.size, g);
       return std::make_unique<parallel::LockstepGroup>(std::move(transport), config_);
     } catch (const std::exception& e) {
       // A rendezvous that did not complete leaves its keys: the next attempt
@@ -126,6 +125,10 @@ LockstepHooks DataParallelRank::hooks(int expert_layers) {
     }
   };
   h.interrupt = [this] { interrupted_ = true; };
+  h.on_connected = [this] {
+    std::fprintf(stderr, "tandem: data-parallel rank %d of %d: group formed (generation %d)\n", rank_, options_.size,
+                 current_generation_);
+  };
   h.on_failure = [this](const parallel::LockstepError& e) {
     std::fprintf(stderr, "tandem: data-parallel rank %d: %s; the in-flight requests failed, the group re-forms\n", rank_,
                  e.what());

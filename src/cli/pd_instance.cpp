@@ -249,6 +249,9 @@ bool PdInstance::register_once(std::string* why) {
   info.model_name = model_name_;
   info.max_model_len = engine_.max_model_len();
   info.capacity_blocks = engine_.n_kv_blocks();
+  info.dp_group = options_.dp_group;
+  info.dp_rank = options_.dp_rank;
+  info.dp_size = options_.dp_size;
   std::string body = router::to_json(info).dump();
   auto url = router::parse_http_url(options_.router_url);
   httplib::Client cli(url->host, url->port);
@@ -300,11 +303,13 @@ void PdInstance::heartbeat_loop() {
   uint64_t registry_version = 0;
   while (running_) {
     const EngineMetrics& m = engine_.metrics();
+    const bool ready = engine_.ready();
     json body = {{"node", options_.node},
                  {"epoch", epoch_},
                  {"free_blocks", engine_.n_kv_blocks() - m.kv_blocks_used.load()},
                  {"waiting", m.waiting.load() + m.waiting_remote_kv.load()},
                  {"draining", draining_.load()},
+                 {"ready", ready},
                  {"registry_version", registry_version}};
     // The protocol's side, from one snapshot of the agent (omitted if it
     // does not answer in time; the router then keeps the last it had): the
@@ -338,7 +343,9 @@ void PdInstance::heartbeat_loop() {
             agent_->ensure_connected(i.value("node", 0u), i.value("transfer_host", ""),
                                      static_cast<uint16_t>(i.value("transfer_port", 0)));
     }
-    for (int i = 0; i < options_.heartbeat_ms / 50 && running_; ++i)
+    // A change of readiness (a data-parallel group formed or failed) is
+    // told at once, not at the next beat.
+    for (int i = 0; i < options_.heartbeat_ms / 50 && running_ && engine_.ready() == ready; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }

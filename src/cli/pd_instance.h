@@ -29,6 +29,11 @@ struct PdInstanceOptions {
   std::string net_devices;     // UCX_NET_DEVICES
   int heartbeat_ms = 1000;
   int register_timeout_s = 60;
+  // A data-parallel rank: its group's id and its rank (registered with the
+  // router as ranks of one instance).
+  std::string dp_group;
+  int dp_rank = 0;
+  int dp_size = 1;
   // Test knobs (off in production): injected control-frame faults, held-back admission.
   std::string test_faults;
   int64_t test_admission_delay_ms = 0;

@@ -670,13 +670,16 @@ void EngineCore::lockstep_loop() {
     if (!group_) {
       try {
         auto group = lockstep_.connect();
-        std::lock_guard<std::mutex> lock(lockstep_mu_);
-        group_ = std::move(group);
-        if (experts_) experts_->bind(group_.get());
-        lockstep_step_ = 0;
-        lockstep_info_.connected = true;
-        lockstep_info_.rank = group_->rank();
-        lockstep_info_.size = group_->size();
+        {
+          std::lock_guard<std::mutex> lock(lockstep_mu_);
+          group_ = std::move(group);
+          if (experts_) experts_->bind(group_.get());
+          lockstep_step_ = 0;
+          lockstep_info_.connected = true;
+          lockstep_info_.rank = group_->rank();
+          lockstep_info_.size = group_->size();
+        }
+        if (lockstep_.on_connected) lockstep_.on_connected();
       } catch (const std::exception& e) {
         {
           std::lock_guard<std::mutex> lock(lockstep_mu_);

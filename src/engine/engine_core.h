@@ -64,6 +64,8 @@ struct LockstepHooks {
   // start and after every group failure. Throws when the peers do not come
   // (the loop retries; the engine reports itself not ready meanwhile).
   std::function<std::unique_ptr<parallel::LockstepGroup>()> connect;
+  // Once the engine serves with a new group (ready() is true from then on).
+  std::function<void()> on_connected;
   // After a group failure failed the in-flight requests, before reconnecting.
   std::function<void(const parallel::LockstepError&)> on_failure;
   // Called by stop(): makes a connect under way give up soon.

@@ -84,6 +84,8 @@ json to_json(const InstanceInfo& i) {
           {"reserved_blocks", i.reserved_blocks},
           {"waiting", i.waiting},
           {"draining", i.draining},
+          {"ready", i.ready},
+          {"data_parallel", {{"group", i.dp_group}, {"rank", i.dp_rank}, {"size", i.dp_size}}},
           {"fencing", fencing},
           {"in_flight", i.in_flight},
           {"requests", i.requests}};
@@ -117,6 +119,15 @@ std::optional<InstanceInfo> instance_from_json(const json& j, std::string* why) 
     return std::nullopt;
   }
   i.fingerprint.mode = i.mode;
+  if (auto dp = j.find("data_parallel"); dp != j.end() && dp->is_object()) {
+    i.dp_group = dp->value("group", std::string());
+    i.dp_rank = dp->value("rank", 0);
+    i.dp_size = dp->value("size", 1);
+    if (i.dp_size < 1 || i.dp_rank < 0 || i.dp_rank >= i.dp_size) {
+      *why = "data_parallel: rank must be in [0, size)";
+      return std::nullopt;
+    }
+  }
   if (i.epoch == 0 || i.capacity_blocks <= 0 || i.api_port == 0 || i.transfer_port == 0 || i.max_model_len <= 0 ||
       i.fingerprint.block_size <= 0) {
     *why = "epoch, capacity_blocks, max_model_len, the block size and ports must be positive";

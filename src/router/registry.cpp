@@ -1,5 +1,7 @@
 #include "router/registry.h"
 
+#include <map>
+
 #include <algorithm>
 #include <chrono>
 #include <tuple>
@@ -59,6 +61,7 @@ bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& l
   if (load.quarantined_blocks) i.quarantined_blocks = std::clamp<int64_t>(*load.quarantined_blocks, 0, i.capacity_blocks);
   i.waiting = load.waiting;
   i.draining = load.draining;
+  i.ready = load.ready;
   if (load.fencing) i.fencing = *load.fencing;
   if (load.drops) i.drops = *load.drops;
   if (load.transfers_by_state) i.transfers_by_state = *load.transfers_by_state;
@@ -94,7 +97,8 @@ InstanceInfo* Registry::choose_locked(pd::Role role, int64_t blocks, const std::
   bool could_fit = false;
   auto load = [](const InstanceInfo& i) { return std::make_tuple(i.in_flight, i.waiting, -i.free_credits(), i.node); };
   for (auto& [node, info] : instances_) {
-    if (info.role != role || info.draining || std::find(avoid.begin(), avoid.end(), node) != avoid.end()) continue;
+    if (info.role != role || info.draining || !info.ready || std::find(avoid.begin(), avoid.end(), node) != avoid.end())
+      continue;
     if (fallback == nullptr || load(info) < load(*fallback)) fallback = &info;
     if (info.capacity_blocks >= blocks) could_fit = true;
     if (info.free_credits() >= blocks && (best == nullptr || load(info) < load(*best))) best = &info;
@@ -237,6 +241,20 @@ std::vector<InstanceInfo> Registry::list() const {
 }
 
 int Registry::count(pd::Role role) const {
+  // A data-parallel group is one instance, counted once all its ranks are
+  // here and ready (its group formed).
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, int> ranks_of_group;
+  int n = 0;
+  for (const auto& [node, i] : instances_) {
+    if (i.role != role) continue;
+    if (i.dp_group.empty()) ++n;
+    else if (i.ready && ++ranks_of_group[i.dp_group] == i.dp_size) ++n;
+  }
+  return n;
+}
+
+int Registry::count_ranks(pd::Role role) const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(std::count_if(instances_.begin(), instances_.end(),
                                         [&](const auto& kv) { return kv.second.role == role; }));

@@ -43,6 +43,13 @@ struct InstanceInfo {
   int64_t quarantined_blocks = 0;
   int64_t waiting = 0;
   bool draining = false;  // shutting down: not picked for new requests
+  bool ready = true;      // false: its data-parallel group is re-forming (not picked meanwhile)
+  // A data-parallel rank: its group (one instance of `dp_size` ranks, each
+  // registered on its own: they have their own KV pools and transfer
+  // listeners) and its rank. Empty group: not data-parallel.
+  std::string dp_group;
+  int dp_rank = 0;
+  int dp_size = 1;
   // Peer incarnations this instance is fencing (it holds them dead until the
   // fence completes, which on shared memory it may never): the router does
   // not pair it with them.
@@ -69,6 +76,7 @@ struct InstanceLoad {
   int64_t free_blocks = 0;
   int64_t waiting = 0;
   bool draining = false;
+  bool ready = true;
   // From the instance's transfer agent; absent (it did not answer in time):
   // keep the last.
   std::optional<int64_t> quarantined_blocks;
@@ -146,6 +154,8 @@ class Registry {
   std::optional<Limits> limits() const;
   std::vector<InstanceInfo> list() const;
   int count(pd::Role role) const;
+  // Registered ranks of that role (an instance without data parallelism is one).
+  int count_ranks(pd::Role role) const;
   int64_t evictions() const;
   // Grows whenever the set of instances or their addresses changes (not on
   // load updates): a heartbeat answer carries the list only when it moved.

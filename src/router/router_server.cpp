@@ -202,6 +202,7 @@ void RouterServer::install_routes() {
         load.quarantined_blocks = q->get<int64_t>();
       load.waiting = j->value("waiting", int64_t{0});
       load.draining = j->value("draining", false);
+      load.ready = j->value("ready", true);
       auto fencing = j->find("fencing");
       if (fencing != j->end() && fencing->is_array() && fencing->size() <= 4096) {
         load.fencing.emplace();
@@ -243,7 +244,10 @@ void RouterServer::install_routes() {
   // ---- clients ----
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     int p = registry_.count(pd::Role::kPrefill), d = registry_.count(pd::Role::kDecode);
-    json body = {{"prefill", p}, {"decode", d}};
+    json body = {{"prefill", p},
+                 {"decode", d},
+                 {"prefill_ranks", registry_.count_ranks(pd::Role::kPrefill)},
+                 {"decode_ranks", registry_.count_ranks(pd::Role::kDecode)}};
     if (p > 0 && d > 0) {
       body["status"] = "ok";
       return send_json(res, 200, body);
