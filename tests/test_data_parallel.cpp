@@ -258,6 +258,34 @@ TEST(DataParallelServe, AKilledRankFailsTheInFlightRequestsNamingItThenTheGroupR
   EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_kv_cache_usage_perc"), 0);
 }
 
+// A rank parked (SIGSTOP) past the soft deadline: its peer reports which op
+// it waits in, its sequence number, and who has and has not arrived; after
+// SIGCONT (within the hard deadline) the group goes on, nothing failed.
+TEST(DataParallelServe, ARankParkedPastTheSoftDeadlineIsReportedAndServiceResumes) {
+  Serve dp("--data-parallel-size 2 --data-parallel-soft-deadline-ms 300 --data-parallel-timeout-ms 20000");
+  ASSERT_TRUE(dp.ready(2)) << dp.group->log();
+  const int pid1 = get(rank_address(dp.port, 1).second, "/debug/parallel").value("pid", 0);
+  ASSERT_GT(pid1, 0);
+  ASSERT_EQ(::kill(pid1, SIGSTOP), 0);
+  std::string line;
+  const bool reported = dp.group->wait_for("data-parallel rank 0 has waited", 10'000, &line);
+  // Sampled twice while parked: rank 0's counters stand still, in the same op.
+  const json first = get(dp.port, "/debug/parallel");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const json second = get(dp.port, "/debug/parallel");
+  ASSERT_EQ(::kill(pid1, SIGCONT), 0);
+  ASSERT_TRUE(reported) << dp.group->log();
+  EXPECT_NE(line.find("(step_consensus)"), std::string::npos) << line;
+  EXPECT_NE(line.find("arrived {0}, missing {1}"), std::string::npos) << line;
+  EXPECT_EQ(first.value("ops", int64_t{-1}), second.value("ops", int64_t{-2}));
+  ASSERT_TRUE(first.contains("in_op") && first["in_op"].is_object()) << first.dump();
+  EXPECT_EQ(first["in_op"]["missing"], json::array({1})) << first.dump();
+  const json next = post(dp.port, {{"prompt", "resumed"}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(texts(next).size(), 1u) << next.dump();
+  EXPECT_GT(get(dp.port, "/debug/parallel").value("ops", int64_t{0}), second.value("ops", int64_t{0}));
+  EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_dp_group_failures_total{rank=\"0\"}"), 0);
+}
+
 // Two hosts: rank 0 (the front) in one network namespace, rank 1 in another,
 // gloo and the relay over a veth pair; each rank started on its own host,
 // meeting in a rendezvous directory both reach.

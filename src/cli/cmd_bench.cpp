@@ -293,6 +293,7 @@ void add_bench(CLI::App& app) {
   });
   add_bench_transfer(*bench);
   add_bench_router(*bench);
+  add_bench_lockstep(*bench);
 }
 
 }  // namespace tandem::cli

@@ -11,6 +11,7 @@ void add_generate(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_bench_transfer(CLI::App& bench);
 void add_bench_router(CLI::App& bench);
+void add_bench_lockstep(CLI::App& bench);
 void add_serve(CLI::App& app);
 void add_sim(CLI::App& app);
 void add_router(CLI::App& app);

@@ -152,7 +152,9 @@ StepDecision LockstepGroup::begin_step(int64_t step_id, const StepHeader& header
   mine.payload[header_slot::kWaiting] = header.n_waiting;
   mine.payload[header_slot::kBlocksFree] = header.kv_blocks_free;
   mine.payload[header_slot::kConfig] = static_cast<int64_t>(canonical_.fingerprint());
+  const int64_t start_ns = monotonic_ns();
   const std::vector<Frame> all = exchange(mine);
+  const int64_t consensus_ns = monotonic_ns() - start_ns;
   check(all, /*consensus=*/true);
 
   StepDecision d;
@@ -170,6 +172,7 @@ StepDecision LockstepGroup::begin_step(int64_t step_id, const StepHeader& header
   ++counters_.steps;
   if (!d.any_work) ++counters_.idle_steps;
   else if (header.n_tokens == 0) ++counters_.dummy_steps;
+  if (d.any_work) counters_.busy_consensus_ns += consensus_ns;
   counters_.last_fingerprint = fingerprint_;
   return d;
 }

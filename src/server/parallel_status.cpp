@@ -31,6 +31,7 @@ nlohmann::json lockstep_status_json(const LockstepStatus& st) {
                          {"steps", st.counters.steps},
                          {"dummy_steps", st.counters.dummy_steps},
                          {"idle_steps", st.counters.idle_steps},
+                         {"busy_consensus_s", static_cast<double>(st.counters.busy_consensus_ns) * 1e-9},
                          {"ops", st.counters.ops},
                          {"fingerprint", std::to_string(st.counters.last_fingerprint)},
                          {"group_failures", st.group_failures},
