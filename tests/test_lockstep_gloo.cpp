@@ -28,7 +28,7 @@ std::filesystem::path fresh_dir(const std::string& name) {
 }
 
 // Every rank of `c` over gloo; the sim's rank loop on each.
-std::vector<SimRankResult> run_over_gloo(const LockstepSimConfig& c, int timeout_ms = 10'000) {
+std::vector<SimRankResult> run_over_gloo(const LockstepSimConfig& c, int timeout_ms = 10'000, bool shm_frames = false) {
   const auto dir = fresh_dir("sim");
   std::vector<SimRankResult> results(static_cast<size_t>(c.n_ranks));
   std::vector<std::thread> threads;
@@ -39,6 +39,7 @@ std::vector<SimRankResult> run_over_gloo(const LockstepSimConfig& c, int timeout
       o.size = c.n_ranks;
       o.rendezvous_dir = dir.string();
       o.timeout_ms = timeout_ms;
+      o.shared_memory_frames = shm_frames;
       GlooTransport transport(o);
       parallel::LockstepGroup group(transport, c.group, r == c.mutant_rank ? c.mutations : parallel::LockstepMutations{});
       results[static_cast<size_t>(r)] = run_sim_rank(group, c);
@@ -49,7 +50,9 @@ std::vector<SimRankResult> run_over_gloo(const LockstepSimConfig& c, int timeout
   return results;
 }
 
-TEST(LockstepGloo, RanksStepInLockstepOverTcp) {
+class LockstepChannel : public ::testing::TestWithParam<bool> {};  // frames over TCP, or shared memory
+
+TEST_P(LockstepChannel, RanksStepInLockstep) {
   for (int n : {2, 3}) {
     LockstepSimConfig c;
     c.n_ranks = n;
@@ -57,7 +60,7 @@ TEST(LockstepGloo, RanksStepInLockstepOverTcp) {
     c.seed = 7;
     c.group = {2, 1};
     c.mutant_rank = -1;
-    const auto results = run_over_gloo(c);
+    const auto results = run_over_gloo(c, 10'000, GetParam());
     for (const auto& r : results) {
       EXPECT_FALSE(r.raised) << r.message;
       EXPECT_EQ(r.steps_done, 200);
@@ -68,7 +71,7 @@ TEST(LockstepGloo, RanksStepInLockstepOverTcp) {
 
 // Each bug family over the real channel: every rank raises the same error in
 // the step the mutation strikes, naming the mutant and the field.
-TEST(LockstepGloo, EveryMutationIsCaughtOverTcpNamingTheRankAndField) {
+TEST_P(LockstepChannel, EveryMutationIsCaughtNamingTheRankAndField) {
   if (!parallel::kLockstepMutationsBuilt) GTEST_SKIP() << "mutations exist in test builds only";
   struct Case {
     const char* field;
@@ -91,7 +94,7 @@ TEST(LockstepGloo, EveryMutationIsCaughtOverTcpNamingTheRankAndField) {
     c.event_step = 9;
     c.event_op = 2;
     k.set(c.mutations);
-    const auto results = run_over_gloo(c);
+    const auto results = run_over_gloo(c, 10'000, GetParam());
     for (const auto& r : results) {
       SCOPED_TRACE(k.field);
       EXPECT_TRUE(r.raised);
@@ -103,7 +106,7 @@ TEST(LockstepGloo, EveryMutationIsCaughtOverTcpNamingTheRankAndField) {
   }
 }
 
-TEST(LockstepGloo, AnHonestFailureIsVotedAndRaisedOnEveryRank) {
+TEST_P(LockstepChannel, AnHonestFailureIsVotedAndRaisedOnEveryRank) {
   LockstepSimConfig c;
   c.n_ranks = 3;
   c.n_steps = 40;
@@ -111,13 +114,16 @@ TEST(LockstepGloo, AnHonestFailureIsVotedAndRaisedOnEveryRank) {
   c.mutant_rank = -1;
   c.fail_rank = 2;
   c.event_step = 6;
-  const auto results = run_over_gloo(c);
+  const auto results = run_over_gloo(c, 10'000, GetParam());
   for (const auto& r : results) {
     EXPECT_EQ(r.kind, LockstepError::Kind::kRankFailed) << r.message;
     EXPECT_EQ(r.error_rank, 2);
     EXPECT_EQ(r.message, results[0].message);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Gloo, LockstepChannel, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "SharedMemoryFrames" : "TcpFrames"; });
 
 TEST(LockstepGloo, AMissingPeerIsATimeoutNamingIt) {
   // Rank 1 joins, then stops taking part: rank 0's consensus times out and

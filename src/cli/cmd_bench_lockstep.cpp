@@ -24,6 +24,7 @@ struct LockstepBenchArgs {
   int steps = 2000;
   int rows = 8;           // rows each rank sends per exchange (a decode token x its experts on that rank)
   int row_floats = 1024;  // the model width (small presets: 1024)
+  bool shm = false;       // control frames through shared memory
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -44,6 +45,7 @@ void run(const LockstepBenchArgs& a) {
       o.size = a.ranks;
       o.rendezvous_dir = dir.string();
       o.timeout_ms = 30'000;
+      o.shared_memory_frames = a.shm;
       GlooTransport transport(o);
       parallel::LockstepGroup group(transport, {/*n_expert_layers=*/1, 0});
       std::vector<float> send(static_cast<size_t>(a.rows * a.row_floats * a.ranks), 1.0f);
@@ -68,7 +70,8 @@ void run(const LockstepBenchArgs& a) {
   }
   for (auto& t : threads) t.join();
   std::filesystem::remove_all(dir);
-  std::printf("lockstep over gloo/TCP on loopback, %d ranks (threads), %d steps\n", a.ranks, a.steps);
+  std::printf("lockstep over %s, %d ranks (threads), %d steps\n",
+              a.shm ? "shared memory (frames, and data up to 4 MiB a rank)" : "gloo/TCP on loopback", a.ranks, a.steps);
   std::printf("  step consensus (one %zu-byte frame per rank):          median %7.1f us   p99 %7.1f us\n",
               sizeof(parallel::Frame), percentile(consensus_us, 0.5), percentile(consensus_us, 0.99));
   std::printf("  expert dispatch + combine (%d rows x %d floats per rank): median %7.1f us   p99 %7.1f us\n", a.rows,
@@ -84,6 +87,7 @@ void add_bench_lockstep(CLI::App& bench) {
   cmd->add_option("--steps", a->steps, "Steps")->check(CLI::Range(10, 10'000'000));
   cmd->add_option("--rows", a->rows, "Rows each rank sends to each rank per exchange")->check(CLI::Range(0, 1 << 16));
   cmd->add_option("--row-floats", a->row_floats, "Floats per row (the model width)")->check(CLI::Range(1, 1 << 16));
+  cmd->add_flag("--shm", a->shm, "Through shared memory (as ranks all on one host use)");
   cmd->callback([a] { run(*a); });
 }
 

@@ -110,6 +110,7 @@ LockstepHooks DataParallelRank::hooks(int expert_layers) {
     o.bind_host = options_.host;
     o.timeout_ms = options_.timeout_ms;
     o.interrupted = &interrupted_;
+    o.shared_memory_frames = options_.local_count() == options_.size && options_.start_rank == 0;
     try {
       auto transport = std::make_unique<GlooTransport>(o);
       current_generation_ = g;

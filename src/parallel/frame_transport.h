@@ -33,10 +33,12 @@ class FrameTransport {
   virtual void exchange(const Frame& mine, std::span<Frame> all, const std::function<void(int)>& arrived) = 0;
   // The data phase of an op, after its frames agreed on the sizes: sends
   // send_bytes[r] bytes (packed in rank order in `send`) to each rank r and
-  // receives recv_bytes[r] from each into `recv` (packed likewise). Throws
-  // TransportError.
+  // receives recv_bytes[r] from each into `recv` (packed likewise).
+  // `largest_send_bytes` is the most any rank sends in this phase (every
+  // rank knows it from the frames), so every rank picks the same path.
+  // Throws TransportError.
   virtual void all_to_all(const void* send, std::span<const int64_t> send_bytes, void* recv,
-                          std::span<const int64_t> recv_bytes) = 0;
+                          std::span<const int64_t> recv_bytes, int64_t largest_send_bytes) = 0;
 };
 
 }  // namespace tandem::parallel

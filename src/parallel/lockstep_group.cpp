@@ -211,8 +211,10 @@ std::vector<int64_t> LockstepGroup::op_all_to_all(OpKind kind, const void* send,
     total_recv += recv_bytes[static_cast<size_t>(r)];
   }
   recv.resize(static_cast<size_t>(total_recv));
+  int64_t largest = 0;
+  for (const Frame& f : all) largest = std::max(largest, f.data_bytes);
   try {
-    transport_.all_to_all(send, send_bytes, recv.data(), recv_bytes);
+    transport_.all_to_all(send, send_bytes, recv.data(), recv_bytes, largest);
   } catch (const TransportError& e) {
     raise(LockstepError(LockstepError::Kind::kTransport, -1, "transport",
                         "data-parallel group failed in step " + std::to_string(step_id_) + " moving the data of op " +

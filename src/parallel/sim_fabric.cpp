@@ -15,7 +15,8 @@ class SimFabric::Endpoint : public FrameTransport {
     fabric_.exchange(rank_, mine, all, arrived);
   }
   // The simulator moves frames only: its ranks' ops carry no data.
-  void all_to_all(const void*, std::span<const int64_t> send_bytes, void*, std::span<const int64_t> recv_bytes) override {
+  void all_to_all(const void*, std::span<const int64_t> send_bytes, void*, std::span<const int64_t> recv_bytes,
+                  int64_t) override {
     for (int64_t b : send_bytes) TANDEM_ASSERT(b == 0, "the simulated fabric moves no data");
     for (int64_t b : recv_bytes) TANDEM_ASSERT(b == 0, "the simulated fabric moves no data");
   }

@@ -1,5 +1,7 @@
 #include "transport/gloo_transport.h"
 
+#include "transport/shm_frames.h"
+
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
@@ -8,7 +10,12 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <cstring>
 
@@ -58,10 +65,39 @@ class InterruptibleStore : public ::gloo::rendezvous::Store {
   const std::atomic<bool>* interrupted_;
 };
 
+// gloo leaves Nagle's algorithm on for its pairs, so a small message sent
+// right after another waits for the peer's (delayed) acknowledgement:
+// milliseconds per op. Its pairs' sockets are not exposed, so every TCP
+// socket of the process gets TCP_NODELAY once the mesh is connected
+// (harmless for the others: tandem's HTTP and UCX sockets want it too).
+void no_delay_on_every_tcp_socket() {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = -1;
+    try {
+      fd = std::stoi(entry.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    int type = 0;
+    socklen_t len = sizeof type;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof addr;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    if (addr.ss_family != AF_INET && addr.ss_family != AF_INET6) continue;
+    const int one = 1;
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+}
+
 }  // namespace
 
 GlooTransport::GlooTransport(const GlooGroupOptions& options)
     : options_(options), recv_frames_(new parallel::Frame[static_cast<size_t>(options.size)]) {
+  // Rank 0 makes the generation's frame ring before the ranks meet, so it
+  // is there for every rank once they have.
+  const std::string ring = ShmFrames::path_for(options.rendezvous_dir, options.generation);
+  if (options.shared_memory_frames && options.rank == 0) ShmFrames::create(ring, options.size);
   translating_gloo_errors("data-parallel rendezvous", [&] {
     ::gloo::transport::tcp::attr attr;
     attr.hostname = options.bind_host;
@@ -74,7 +110,10 @@ GlooTransport::GlooTransport(const GlooGroupOptions& options)
     context->setTimeout(std::chrono::milliseconds(options.timeout_ms));
     context->connectFullMesh(store, device);
     context_ = context;
+    no_delay_on_every_tcp_socket();
   });
+  if (options.shared_memory_frames)
+    shm_ = std::make_unique<ShmFrames>(ring, options.rank, options.size, options.timeout_ms, options.interrupted);
   send_buf_ = context_->createUnboundBuffer(&send_frame_, sizeof(parallel::Frame));
   recv_buf_ = context_->createUnboundBuffer(recv_frames_.get(), sizeof(parallel::Frame) * static_cast<size_t>(options.size));
 }
@@ -83,6 +122,7 @@ GlooTransport::~GlooTransport() = default;
 
 void GlooTransport::exchange(const parallel::Frame& mine, std::span<parallel::Frame> all,
                              const std::function<void(int)>& arrived) {
+  if (shm_) return shm_->exchange(mine, all, arrived);
   const int n = options_.size;
   const auto timeout = std::chrono::milliseconds(options_.timeout_ms);
   send_frame_ = mine;
@@ -111,7 +151,8 @@ void GlooTransport::exchange(const parallel::Frame& mine, std::span<parallel::Fr
 namespace tandem {
 
 void GlooTransport::all_to_all(const void* send, std::span<const int64_t> send_bytes, void* recv,
-                               std::span<const int64_t> recv_bytes) {
+                               std::span<const int64_t> recv_bytes, int64_t largest_send_bytes) {
+  if (shm_ && largest_send_bytes <= ShmFrames::kDataBytes) return shm_->all_to_all(send, send_bytes, recv, recv_bytes);
   const int n = options_.size;
   const int me = options_.rank;
   const auto timeout = std::chrono::milliseconds(options_.timeout_ms);

@@ -25,6 +25,8 @@ class UnboundBuffer;
 
 namespace tandem {
 
+class ShmFrames;
+
 struct GlooGroupOptions {
   int rank = 0;
   int size = 1;
@@ -35,6 +37,9 @@ struct GlooGroupOptions {
   // When set and raised, a rendezvous under way gives up within about a
   // second (so stopping never waits for a peer that is not coming).
   const std::atomic<bool>* interrupted = nullptr;
+  // Every rank on this host: control frames through shared memory
+  // (shm_frames.h), data through gloo.
+  bool shared_memory_frames = false;
 };
 
 class GlooTransport : public parallel::FrameTransport {
@@ -48,7 +53,7 @@ class GlooTransport : public parallel::FrameTransport {
   void exchange(const parallel::Frame& mine, std::span<parallel::Frame> all,
                 const std::function<void(int)>& arrived) override;
   void all_to_all(const void* send, std::span<const int64_t> send_bytes, void* recv,
-                  std::span<const int64_t> recv_bytes) override;
+                  std::span<const int64_t> recv_bytes, int64_t largest_send_bytes) override;
 
  private:
   GlooGroupOptions options_;
@@ -57,6 +62,7 @@ class GlooTransport : public parallel::FrameTransport {
   std::unique_ptr<parallel::Frame[]> recv_frames_;
   std::unique_ptr<gloo::transport::UnboundBuffer> send_buf_;
   std::unique_ptr<gloo::transport::UnboundBuffer> recv_buf_;
+  std::unique_ptr<ShmFrames> shm_;  // when options.shared_memory_frames
 };
 
 }  // namespace tandem
