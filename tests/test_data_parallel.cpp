@@ -86,6 +86,17 @@ json request(int i) {
   return b;
 }
 
+// request(0 .. n-1), all at once through `port`, each equal to one
+// instance's answer on `single_port`.
+void expect_concurrent_requests_equal(int port, int single_port, int n) {
+  std::vector<json> got(static_cast<size_t>(n));
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i) clients.emplace_back([&, i] { got[static_cast<size_t>(i)] = post(port, request(i)); });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < n; ++i)
+    EXPECT_EQ(texts(got[static_cast<size_t>(i)]), texts(post(single_port, request(i)))) << "request " << i;
+}
+
 // A rank's HTTP listener, from the front's /debug/parallel.
 std::pair<std::string, int> rank_address(int front_port, int rank) {
   const json dbg = get(front_port, "/debug/parallel");
@@ -102,12 +113,7 @@ TEST(DataParallelServe, TwoRanksServeConcurrentRequestsAsOneInstanceWouldAndBala
   ASSERT_TRUE(single.ready(1)) << single.group->log();
   ASSERT_TRUE(dp.ready(2)) << dp.group->log();
   constexpr int kRequests = 16;
-  std::vector<json> got(kRequests);
-  std::vector<std::thread> clients;
-  for (int i = 0; i < kRequests; ++i) clients.emplace_back([&, i] { got[static_cast<size_t>(i)] = post(dp.port, request(i)); });
-  for (auto& t : clients) t.join();
-  for (int i = 0; i < kRequests; ++i)
-    EXPECT_EQ(texts(got[static_cast<size_t>(i)]), texts(post(single.port, request(i)))) << "request " << i;
+  expect_concurrent_requests_equal(dp.port, single.port, kRequests);
 
   const auto [host1, port1] = rank_address(dp.port, 1);
   ASSERT_GT(port1, 0);
@@ -165,13 +171,7 @@ TEST_P(DataParallelExperts, TwoRanksWithSplitExpertsServeAsOneInstanceWould) {
   Serve dp("--data-parallel-size 2 --enable-expert-parallel", arch);
   ASSERT_TRUE(single.ready(1)) << single.group->log();
   ASSERT_TRUE(dp.ready(2)) << dp.group->log();
-  constexpr int kRequests = 10;
-  std::vector<json> got(kRequests);
-  std::vector<std::thread> clients;
-  for (int i = 0; i < kRequests; ++i) clients.emplace_back([&, i] { got[static_cast<size_t>(i)] = post(dp.port, request(i)); });
-  for (auto& t : clients) t.join();
-  for (int i = 0; i < kRequests; ++i)
-    EXPECT_EQ(texts(got[static_cast<size_t>(i)]), texts(post(single.port, request(i)))) << "request " << i;
+  expect_concurrent_requests_equal(dp.port, single.port, 10);
   const json dbg = get(dp.port, "/debug/parallel");
   EXPECT_GT(dbg["ops_by_kind"]["expert_dispatch"].value("count", int64_t{0}), 0) << dbg.dump();
   if (HasFailure()) {

@@ -2,6 +2,7 @@
 // simulator of N ranks with the seed-000/004 bug families as mutations.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <set>
 
 #include "parallel/frame.h"
@@ -277,6 +278,39 @@ TEST(LockstepGroup, ARankThatLeftTheGroupFailsItsPeersWaitNamingTheMissingRank) 
   peer.join();
   EXPECT_TRUE(group.broken());
   EXPECT_THROW((void)group.begin_step(2, {}), LockstepError);
+}
+
+}  // namespace
+}  // namespace tandem::parallel
+
+namespace tandem::parallel {
+namespace {
+
+std::string run_command(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  *rc = p != nullptr ? ::pclose(p) : -1;
+  return out;
+}
+
+TEST(LockstepSimCli, ReplaysSeedsAndAMutationFromTheCommandLine) {
+  int rc = -1;
+  const std::string clean = run_command(std::string(TANDEM_BINARY) + " sim-lockstep --ranks 3 --seeds 2 --steps 50", &rc);
+  EXPECT_EQ(rc, 0) << clean;
+  EXPECT_NE(clean.find("2 of 2 seeds as expected"), std::string::npos) << clean;
+  const std::string mutant = run_command(std::string(TANDEM_BINARY) +
+                                             " sim-lockstep --ranks 3 --seeds 1 --first-seed 5 --mutation "
+                                             "skip-experts-when-idle --mutant-rank 2",
+                                         &rc);
+  if (!kLockstepMutationsBuilt) {
+    EXPECT_NE(mutant.find("needs a test build"), std::string::npos) << mutant;
+    return;
+  }
+  EXPECT_EQ(rc, 0) << mutant;
+  EXPECT_NE(mutant.find("every rank raised: data-parallel divergence"), std::string::npos) << mutant;
+  EXPECT_NE(mutant.find("rank 2 has fingerprint="), std::string::npos) << mutant;
 }
 
 }  // namespace

@@ -240,25 +240,31 @@ json mixed_request(int i) {
   return r;
 }
 
+// mixed_request(0 .. n-1), all at once through `port`, each checked against
+// one instance's answer (asked one by one on `single_port`); returns how many
+// were equal.
+int concurrent_mixed_requests_equal(int port, int single_port, int n) {
+  auto path = [](int i) { return i % 3 == 1 ? "/v1/chat/completions" : "/v1/completions"; };
+  std::vector<std::vector<std::string>> want, got(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) want.push_back(texts(post(single_port, path(i), mixed_request(i))));
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i) clients.emplace_back([&, i] { got[i] = texts(post(port, path(i), mixed_request(i))); });
+  for (auto& t : clients) t.join();
+  int same = 0;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(got[i], want[i]) << "request " << i;
+    same += got[i] == want[i];
+  }
+  return same;
+}
+
 TEST_P(PdClusterLoad, ConcurrentMixedRequestsEqualOneInstance) {
   Cluster c(GetParam().first, GetParam().second, "write");
   Single single;
   ASSERT_TRUE(c.ready()) << c.group->log();
   ASSERT_GT(single.port, 0);
   constexpr int kRequests = 32;
-  auto path = [](int i) { return i % 3 == 1 ? "/v1/chat/completions" : "/v1/completions"; };
-  std::vector<std::vector<std::string>> want, got(kRequests);
-  for (int i = 0; i < kRequests; ++i) want.push_back(texts(post(single.port, path(i), mixed_request(i))));
-  std::vector<std::thread> clients;
-  for (int i = 0; i < kRequests; ++i)
-    clients.emplace_back([&, i] { got[i] = texts(post(c.port, path(i), mixed_request(i))); });
-  for (auto& t : clients) t.join();
-  int same = 0;
-  for (int i = 0; i < kRequests; ++i) {
-    EXPECT_EQ(got[i], want[i]) << "request " << i;
-    same += got[i] == want[i];
-  }
-  if (same != kRequests) {
+  if (concurrent_mixed_requests_equal(c.port, single.port, kRequests) != kRequests) {
     c.group->wait_for("never printed", 500);
     httplib::Client cli("127.0.0.1", c.port);
     auto m = cli.Get("/metrics");
@@ -290,14 +296,7 @@ TEST(PdClusterDataParallel, TwoPrefillsAndTwoExpertParallelDecodeGroupsServeSixt
   ASSERT_TRUE(c.ready()) << c.group->log();
   ASSERT_GT(single.port, 0);
   constexpr int kRequests = 64;
-  auto path = [](int i) { return i % 3 == 1 ? "/v1/chat/completions" : "/v1/completions"; };
-  std::vector<std::vector<std::string>> want, got(kRequests);
-  for (int i = 0; i < kRequests; ++i) want.push_back(texts(post(single.port, path(i), mixed_request(i))));
-  std::vector<std::thread> clients;
-  for (int i = 0; i < kRequests; ++i)
-    clients.emplace_back([&, i] { got[i] = texts(post(c.port, path(i), mixed_request(i))); });
-  for (auto& t : clients) t.join();
-  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  EXPECT_EQ(concurrent_mixed_requests_equal(c.port, single.port, kRequests), kRequests) << c.group->log();
 
   httplib::Client cli("127.0.0.1", c.port);
   const json health = json::parse(cli.Get("/health")->body);
@@ -315,6 +314,41 @@ TEST(PdClusterDataParallel, TwoPrefillsAndTwoExpertParallelDecodeGroupsServeSixt
       EXPECT_EQ(dbg.value("group_failures", -1), 0) << dbg.dump();
     }
   }
+  expect_drained(c.port);
+}
+
+// A decode group loses a rank (kill -9): the router sees the group not
+// ready and stops picking its ranks until the restarted rank re-forms it;
+// requests meanwhile go to the other decode group, and after it to both.
+TEST(PdClusterDataParallel, AKilledDecodeRankTakesItsGroupOutOfTheRouterUntilItReforms) {
+  Cluster c(1, 2, "write", "--decode-args '--data-parallel-size 2 --data-parallel-timeout-ms 5000'");
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  httplib::Client cli("127.0.0.1", c.port);
+  const json listed = json::parse(cli.Get("/debug/instances")->body);
+  int rank1_port = 0;
+  for (const json& i : listed["instances"])
+    if (i["role"] == "decode" && i["data_parallel"]["rank"] == 1) rank1_port = i["api_port"].get<int>();
+  ASSERT_GT(rank1_port, 0) << listed.dump();
+  const json dbg = json::parse(httplib::Client("127.0.0.1", rank1_port).Get("/debug/parallel")->body, nullptr, false);
+  const int pid = dbg.value("pid", 0);
+  ASSERT_GT(pid, 0) << dbg.dump();
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  bool saw_one = false, back_to_two = false;
+  for (int64_t until = monotonic_ms() + 30'000; monotonic_ms() < until && !back_to_two;) {
+    auto h = cli.Get("/health");
+    const json health = h ? json::parse(h->body, nullptr, false) : json();
+    const int decodes = health.is_object() ? health.value("decode", -1) : -1;
+    if (decodes == 1) {
+      saw_one = true;
+      // Served meanwhile by the other group.
+      EXPECT_EQ(texts(post(c.port, "/v1/completions", completion("while re-forming", 4))).size(), 1u);
+    }
+    back_to_two = saw_one && decodes == 2;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(saw_one) << "the router never saw the group out";
+  EXPECT_TRUE(back_to_two) << c.group->log();
+  EXPECT_EQ(texts(post(c.port, "/v1/completions", completion("after", 4))).size(), 1u);
   expect_drained(c.port);
 }
 

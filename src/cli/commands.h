@@ -14,6 +14,7 @@ void add_bench_router(CLI::App& bench);
 void add_bench_lockstep(CLI::App& bench);
 void add_serve(CLI::App& app);
 void add_sim(CLI::App& app);
+void add_sim_lockstep(CLI::App& app);
 void add_router(CLI::App& app);
 void add_cluster(CLI::App& app);
 

@@ -21,6 +21,8 @@
 #include "util/clock.h"
 #include "util/error.h"
 
+extern char** environ;
+
 namespace tandem::cli {
 
 namespace fs = std::filesystem;
@@ -284,11 +286,21 @@ RankSupervisor::~RankSupervisor() {
 }
 
 pid_t RankSupervisor::spawn(int rank) {
+  // Everything the child needs is built before fork: between fork and exec a
+  // child of a multi-threaded process may not allocate.
   std::vector<char*> args;
   for (auto& a : argv_) args.push_back(a.data());
   args.push_back(nullptr);
-  const std::string rank_env = std::string(kRankEnv) + "=" + std::to_string(rank);
-  const std::string dir_env = std::string(kRendezvousEnv) + "=" + dir_.path().string();
+  std::vector<std::string> env_strings{std::string(kRankEnv) + "=" + std::to_string(rank),
+                                       std::string(kRendezvousEnv) + "=" + dir_.path().string()};
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind(std::string(kRankEnv) + "=", 0) != 0 && entry.rfind(std::string(kRendezvousEnv) + "=", 0) != 0)
+      env_strings.push_back(entry);
+  }
+  std::vector<char*> env;
+  for (auto& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw Error("cannot start data-parallel rank " + std::to_string(rank) + ": fork failed");
@@ -296,9 +308,7 @@ pid_t RankSupervisor::spawn(int rank) {
     // The child dies with its parent, whatever kills the parent.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);
-    ::putenv(const_cast<char*>(rank_env.c_str()));
-    ::putenv(const_cast<char*>(dir_env.c_str()));
-    ::execv("/proc/self/exe", args.data());
+    ::execve("/proc/self/exe", args.data(), env.data());
     ::_exit(127);
   }
   ++spawned_;

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_bench(app);
   tandem::cli::add_serve(app);
   tandem::cli::add_sim(app);
+  tandem::cli::add_sim_lockstep(app);
   tandem::cli::add_router(app);
   tandem::cli::add_cluster(app);
   try {

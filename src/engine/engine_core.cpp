@@ -205,15 +205,17 @@ int64_t EngineCore::state_slots_used() const {
   return state_slots_used_;
 }
 
+bool EngineCore::has_input_locked() const {
+  return !pending_adds_.empty() || !pending_aborts_.empty() || !pending_arrivals_.empty() || !pending_releases_.empty() ||
+         !running_.load(std::memory_order_acquire);
+}
+
 void EngineCore::loop() {
   while (running_.load(std::memory_order_acquire)) {
     heartbeat_.fetch_add(1, std::memory_order_acq_rel);
     if (step()) continue;
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::milliseconds(config_.idle_wait_ms), [&] {
-      return !pending_adds_.empty() || !pending_aborts_.empty() || !pending_arrivals_.empty() ||
-             !pending_releases_.empty() || !running_.load(std::memory_order_acquire);
-    });
+    cv_.wait_for(lock, std::chrono::milliseconds(config_.idle_wait_ms), [&] { return has_input_locked(); });
   }
 }
 
@@ -696,10 +698,7 @@ void EngineCore::lockstep_loop() {
     }
     if (lockstep_step()) continue;
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::milliseconds(lockstep_.idle_wait_ms), [&] {
-      return !pending_adds_.empty() || !pending_aborts_.empty() || !pending_arrivals_.empty() ||
-             !pending_releases_.empty() || !running_.load(std::memory_order_acquire);
-    });
+    cv_.wait_for(lock, std::chrono::milliseconds(lockstep_.idle_wait_ms), [&] { return has_input_locked(); });
   }
 }
 

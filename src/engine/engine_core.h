@@ -155,6 +155,8 @@ class EngineCore {
 
   void loop();
   void lockstep_loop();
+  // Something for the loop to take in (or stop); with mu_ held.
+  bool has_input_locked() const;
   // One step of the group; returns whether any rank had work.
   bool lockstep_step();
   // Runs a scheduled step: the forward, sampling, outputs.

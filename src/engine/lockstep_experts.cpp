@@ -23,7 +23,7 @@ void LockstepExpertExchange::all_to_all(bool combine, std::span<const float> sen
     recv_rows[r] = got[r] / row_bytes;
   }
   recv.resize(buffer_.size() / sizeof(float));
-  std::memcpy(recv.data(), buffer_.data(), buffer_.size());
+  if (!buffer_.empty()) std::memcpy(recv.data(), buffer_.data(), buffer_.size());
 }
 
 }  // namespace tandem

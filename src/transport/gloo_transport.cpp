@@ -161,9 +161,10 @@ void GlooTransport::all_to_all(const void* send, std::span<const int64_t> send_b
     send_at[static_cast<size_t>(r) + 1] = send_at[static_cast<size_t>(r)] + static_cast<size_t>(send_bytes[static_cast<size_t>(r)]);
     recv_at[static_cast<size_t>(r) + 1] = recv_at[static_cast<size_t>(r)] + static_cast<size_t>(recv_bytes[static_cast<size_t>(r)]);
   }
-  std::memcpy(static_cast<char*>(recv) + recv_at[static_cast<size_t>(me)],
-              static_cast<const char*>(send) + send_at[static_cast<size_t>(me)],
-              static_cast<size_t>(send_bytes[static_cast<size_t>(me)]));
+  if (send_bytes[static_cast<size_t>(me)] > 0)  // an empty phase may have no buffers at all
+    std::memcpy(static_cast<char*>(recv) + recv_at[static_cast<size_t>(me)],
+                static_cast<const char*>(send) + send_at[static_cast<size_t>(me)],
+                static_cast<size_t>(send_bytes[static_cast<size_t>(me)]));
   translating_gloo_errors("data-parallel data exchange", [&] {
     // gloo refuses zero-length buffers: a rank that moves nothing posts nothing.
     std::unique_ptr<::gloo::transport::UnboundBuffer> out, in;

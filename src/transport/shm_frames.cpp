@@ -193,7 +193,7 @@ void ShmFrames::all_to_all(const void* send, std::span<const int64_t> send_bytes
   offsets[0] = 0;
   for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + send_bytes[static_cast<size_t>(r)];
   TANDEM_ASSERT(offsets[size_] <= kDataBytes, "a phase that fits the region");
-  std::memcpy(region(rank_) + kRegionHeader, send, static_cast<size_t>(offsets[size_]));
+  if (offsets[size_] > 0) std::memcpy(region(rank_) + kRegionHeader, send, static_cast<size_t>(offsets[size_]));
   shared_->ranks[rank_].data_posted.store(k + 1, std::memory_order_release);
   ring_bell(&shared_->bell);
   int64_t at = 0;
@@ -206,8 +206,9 @@ void ShmFrames::all_to_all(const void* send, std::span<const int64_t> send_bytes
     const auto* their = reinterpret_cast<const int64_t*>(region(q));
     const int64_t bytes = their[rank_ + 1] - their[rank_];
     TANDEM_ASSERT(bytes == recv_bytes[static_cast<size_t>(q)], "the rows a peer wrote are the ones its frame announced");
-    std::memcpy(static_cast<char*>(recv) + recv_at[static_cast<size_t>(q)], region(q) + kRegionHeader + their[rank_],
-                static_cast<size_t>(bytes));
+    if (bytes > 0)  // an empty phase may have no buffers at all
+      std::memcpy(static_cast<char*>(recv) + recv_at[static_cast<size_t>(q)], region(q) + kRegionHeader + their[rank_],
+                  static_cast<size_t>(bytes));
     if (q != rank_) shared_->ranks[rank_].data_read[q].store(k + 1, std::memory_order_release);
   }
   ring_bell(&shared_->bell);
