@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/child_process.h"
 #include "cli/commands.h"
 #include "cli/demo_model.h"
 #include "util/clock.h"
@@ -61,32 +62,6 @@ struct Child {
   int restarts = 0;
 };
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) throw Error("cannot find this program's path (/proc/self/exe)");
-  buf[n] = 0;
-  return buf;
-}
-
-pid_t spawn(const std::vector<std::string>& args) {
-  pid_t pid = fork();
-  if (pid < 0) throw Error("fork failed");
-  if (pid == 0) {
-    // Children die with the cluster process, however it ends.
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    sigset_t none;
-    sigemptyset(&none);
-    pthread_sigmask(SIG_SETMASK, &none, nullptr);
-    std::vector<char*> argv;
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
 std::string random_secret() {
   std::random_device rd;
   std::string s;
@@ -119,7 +94,7 @@ void run_cluster(const ClusterArgs& a) {
                          std::to_string(a.kv_cache_mb), "-t", std::to_string(threads), "--ucx-tls", a.tls}});
     for (const std::string& w : split_words(prefill ? a.prefill_args : a.decode_args)) children.back().args.push_back(w);
   }
-  for (Child& c : children) c.pid = spawn(c.args);
+  for (Child& c : children) c.pid = spawn_child(c.args);
 
   auto stop_all = [&] {
     for (Child& c : children)
@@ -191,7 +166,7 @@ void run_cluster(const ClusterArgs& a) {
                      WIFSIGNALED(status) ? "was killed by signal" : "exited with status",
                      WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
         ++c.restarts;
-        c.pid = spawn(c.args);
+        c.pid = spawn_child(c.args);
         std::fprintf(stderr, "tandem cluster: %s restarted as pid %d\n", c.name.c_str(), c.pid);
       }
     }

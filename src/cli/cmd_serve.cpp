@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/child_process.h"
 #include "cli/commands.h"
 #include "cli/data_parallel.h"
 #include "cli/demo_model.h"
@@ -42,7 +43,8 @@ struct ServeArgs {
   DataParallelOptions dp;
 };
 
-// This process's command line, for starting the host's other ranks.
+// This process's command line, for starting the host's other ranks (the
+// program by its real path, whatever argv[0] said).
 std::vector<std::string> own_argv() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -53,6 +55,7 @@ std::vector<std::string> own_argv() {
     if (end == std::string::npos) break;
     start = end + 1;
   }
+  if (!argv.empty()) argv[0] = self_exe();
   return argv;
 }
 

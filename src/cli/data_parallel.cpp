@@ -1,5 +1,7 @@
 #include "cli/data_parallel.h"
 
+#include "cli/child_process.h"
+
 #include <fcntl.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -20,8 +22,6 @@
 #include "transport/gloo_transport.h"
 #include "util/clock.h"
 #include "util/error.h"
-
-extern char** environ;
 
 namespace tandem::cli {
 
@@ -286,31 +286,12 @@ RankSupervisor::~RankSupervisor() {
 }
 
 pid_t RankSupervisor::spawn(int rank) {
-  // Everything the child needs is built before fork: between fork and exec a
-  // child of a multi-threaded process may not allocate.
-  std::vector<char*> args;
-  for (auto& a : argv_) args.push_back(a.data());
-  args.push_back(nullptr);
-  std::vector<std::string> env_strings{std::string(kRankEnv) + "=" + std::to_string(rank),
-                                       std::string(kRendezvousEnv) + "=" + dir_.path().string()};
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    if (entry.rfind(std::string(kRankEnv) + "=", 0) != 0 && entry.rfind(std::string(kRendezvousEnv) + "=", 0) != 0)
-      env_strings.push_back(entry);
-  }
-  std::vector<char*> env;
-  for (auto& e : env_strings) env.push_back(e.data());
-  env.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error("cannot start data-parallel rank " + std::to_string(rank) + ": fork failed");
-  if (pid == 0) {
-    // The child dies with its parent, whatever kills the parent.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);
-    ::execve("/proc/self/exe", args.data(), env.data());
-    ::_exit(127);
-  }
+  // SIGKILL, not SIGTERM, when the parent goes: a rank without its front has
+  // no one to drain for.
+  const pid_t pid = spawn_child(argv_,
+                                {std::string(kRankEnv) + "=" + std::to_string(rank),
+                                 std::string(kRendezvousEnv) + "=" + dir_.path().string()},
+                                SIGKILL);
   ++spawned_;
   std::fprintf(stderr, "tandem: data-parallel rank %d started (pid %d)\n", rank, static_cast<int>(pid));
   return pid;

@@ -54,37 +54,4 @@ nlohmann::json lockstep_status_json(const LockstepStatus& st) {
   return body;
 }
 
-std::string render_lockstep_metrics(const LockstepStatus& st) {
-  std::string out;
-  const std::string rank = "rank=\"" + std::to_string(st.rank) + "\"";
-  const auto series = [&](const char* type, const char* name, const char* help, const std::string& labels, double v) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-    out += std::string(name) + "{" + labels + "} " + std::to_string(v) + "\n";
-  };
-  series("gauge", "tandem_dp_group_connected", "1 while this rank's data-parallel group is formed", rank, st.connected ? 1 : 0);
-  series("gauge", "tandem_dp_step_id", "The last step the group agreed on", rank, static_cast<double>(st.step_id));
-  series("counter", "tandem_dp_steps_total", "Consensus rounds this rank completed", rank, static_cast<double>(st.counters.steps));
-  series("counter", "tandem_dp_dummy_steps_total", "Steps this rank ran with no work while a peer had some", rank,
-         static_cast<double>(st.counters.dummy_steps));
-  series("counter", "tandem_dp_group_failures_total", "Times the group failed (divergence, rank failure, lost peer)",
-         rank, static_cast<double>(st.group_failures));
-  const char* kOps = "tandem_dp_ops_total";
-  const char* kBytes = "tandem_dp_op_bytes_total";
-  const char* kTime = "tandem_dp_op_seconds_total";
-  const char* kSeq = "tandem_dp_op_last_seq";
-  out += std::string("# HELP ") + kOps + " Ops of the group by kind\n# TYPE " + kOps + " counter\n";
-  out += std::string("# HELP ") + kBytes + " Bytes moved by the group's ops by kind\n# TYPE " + kBytes + " counter\n";
-  out += std::string("# HELP ") + kTime + " Time in the group's ops by kind\n# TYPE " + kTime + " counter\n";
-  out += std::string("# HELP ") + kSeq + " Sequence number of the last op of each kind\n# TYPE " + kSeq + " gauge\n";
-  for (size_t k = 1; k < st.counters.by_kind.size(); ++k) {
-    const parallel::OpCounters& c = st.counters.by_kind[k];
-    const std::string l = rank + ",op=\"" + parallel::op_kind_name(static_cast<int64_t>(k)) + "\"";
-    out += std::string(kOps) + "{" + l + "} " + std::to_string(c.count) + "\n";
-    out += std::string(kBytes) + "{" + l + "} " + std::to_string(c.bytes) + "\n";
-    out += std::string(kTime) + "{" + l + "} " + std::to_string(static_cast<double>(c.total_ns) * 1e-9) + "\n";
-    out += std::string(kSeq) + "{" + l + "} " + std::to_string(c.last_seq) + "\n";
-  }
-  return out;
-}
-
 }  // namespace tandem::server

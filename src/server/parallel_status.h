@@ -1,5 +1,5 @@
-// A data-parallel rank's lockstep state as JSON (/debug/parallel) and as
-// Prometheus series (/metrics): step id, the group's counters by op with
+// A data-parallel rank's lockstep state as JSON (/debug/parallel; the same
+// as Prometheus series: render_lockstep_metrics in prometheus.h): step id, the group's counters by op with
 // their last sequence numbers, bytes and time, and the op it is inside now,
 // with which ranks have and have not arrived. Sampled twice, a frozen group
 // (no counter moves) is told from one with a rank parked (seed 003's
@@ -16,6 +16,5 @@ struct LockstepStatus;
 namespace tandem::server {
 
 nlohmann::json lockstep_status_json(const LockstepStatus& st);
-std::string render_lockstep_metrics(const LockstepStatus& st);
 
 }  // namespace tandem::server

@@ -2,7 +2,9 @@
 
 #include <cstdio>
 
+#include "engine/engine_core.h"
 #include "engine/metrics.h"
+#include "parallel/frame.h"
 
 namespace tandem::server {
 
@@ -84,6 +86,45 @@ std::string render_prometheus(const EngineMetrics& m, const std::string& model, 
   histogram(out, "tandem_time_to_first_token_seconds", "Time to first token", m.ttft_s, l);
   histogram(out, "tandem_time_per_output_token_seconds", "Mean time per output token after the first", m.tpot_s, l);
   histogram(out, "tandem_e2e_request_latency_seconds", "Request latency", m.e2e_s, l);
+  return out;
+}
+
+std::string render_lockstep_metrics(const LockstepStatus& st) {
+  std::string out;
+  const std::string rank = "rank=\"" + std::to_string(st.rank) + "\"";
+  auto series = [&](const char* type, const char* name, const char* help, double v) {
+    header(out, name, type, help);
+    line(out, name, rank, v);
+  };
+  series("gauge", "tandem_dp_group_connected", "1 while this rank's data-parallel group is formed", st.connected ? 1 : 0);
+  series("gauge", "tandem_dp_step_id", "The last step the group agreed on", static_cast<double>(st.step_id));
+  series("counter", "tandem_dp_steps_total", "Consensus rounds this rank completed", static_cast<double>(st.counters.steps));
+  series("counter", "tandem_dp_dummy_steps_total", "Steps this rank ran with no work while a peer had some",
+         static_cast<double>(st.counters.dummy_steps));
+  series("counter", "tandem_dp_group_failures_total", "Times the group failed (divergence, rank failure, lost peer)",
+         static_cast<double>(st.group_failures));
+  struct PerOp {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const parallel::OpCounters&);
+  };
+  static constexpr PerOp kPerOp[] = {
+      {"tandem_dp_ops_total", "counter", "Ops of the group by kind",
+       [](const parallel::OpCounters& c) { return static_cast<double>(c.count); }},
+      {"tandem_dp_op_bytes_total", "counter", "Bytes moved by the group's ops by kind",
+       [](const parallel::OpCounters& c) { return static_cast<double>(c.bytes); }},
+      {"tandem_dp_op_seconds_total", "counter", "Time in the group's ops by kind",
+       [](const parallel::OpCounters& c) { return static_cast<double>(c.total_ns) * 1e-9; }},
+      {"tandem_dp_op_last_seq", "gauge", "Sequence number of the last op of each kind",
+       [](const parallel::OpCounters& c) { return static_cast<double>(c.last_seq); }},
+  };
+  for (const PerOp& m : kPerOp) {
+    header(out, m.name, m.type, m.help);
+    for (size_t k = 1; k < st.counters.by_kind.size(); ++k)
+      line(out, m.name, rank + ",op=\"" + parallel::op_kind_name(static_cast<int64_t>(k)) + "\"",
+           m.value(st.counters.by_kind[k]));
+  }
   return out;
 }
 
