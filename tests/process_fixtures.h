@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <future>
@@ -26,17 +27,25 @@
 
 namespace tandem::testing {
 
-// A loopback port free now (the kernel's pick; released for the caller).
+// A loopback port free now, released for the caller. Picked below the
+// kernel's ephemeral range (ip_local_port_range), where the kernel never
+// hands out ports of its own: between this check and the caller's bind, a
+// connection or a listener on port 0 (gloo's pairs, UCX, clients of other
+// tests) cannot take it, only another test picking the same way.
 inline int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  static std::atomic<uint32_t> next{static_cast<uint32_t>(::getpid()) * 7919u};
+  for (int attempt = 0; attempt < 4096; ++attempt) {
+    const int port = 20000 + static_cast<int>(next.fetch_add(1) % 12000);  // [20000, 32000)
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return 0;
 }
 
 // The value of `name` ("name value" or "name{labels} value": the first
