@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Model-check the P/D transfer protocol model spec/pd_transfer.pml with Spin.
+# Model-check the P/D transfer protocol model spec/pd_transfer.pml and the
+# broadcast ring spec/broadcast_ring.pml with Spin.
 #
 #   bash scripts/check-spec.sh        (from any directory)
 #
@@ -166,6 +167,41 @@ for pr in "${PROBES[@]}"; do
     line "probe $num $desc" "$mode" "reachable" "$STATES" "${SECS}s" "$res"
   done
 done
+
+# ---- the broadcast ring (spec/broadcast_ring.pml): its own small model -----
+# Each variant is its own spin -a build (they differ in macros); safety runs
+# only (assertions and invalid end states = deadlock).  Must pass: the model
+# without timeouts (wake-ups alone make progress) and with them.  Must fail:
+# the two mutants.  Must be reached: probe 1 (the writer waits for a slot).
+RING_SPEC="$ROOT/spec/broadcast_ring.pml"
+ring_run() {  # ring_run NAME EXPECT FLAGS...: EXPECT pass|fail
+  local name="$1" expect="$2" d="$TMP/ring.$1" out
+  shift 2
+  mkdir -p "$d" && cp "$RING_SPEC" "$d/"
+  out="$d/pan.out"
+  if ! ( cd "$d" && "$SPIN" "$@" -a broadcast_ring.pml >spin.log 2>&1 &&
+         "$CC" -O2 -DSAFETY -o pan pan.c >cc.log 2>&1 ); then
+    line "ring $name" - safety - - "FAIL (spin or gcc failed)"; FAILED=1; return
+  fi
+  ( cd "$d" && ./pan -m"$DEPTH" -w"$HASHW" >"$out" 2>&1 ) || true
+  local errors states secs reason res
+  errors="$(sed -n 's/.*errors: \([0-9][0-9]*\).*/\1/p' "$out" | tail -n1)"
+  states="$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' "$out" | tail -n1)"
+  secs="$(sed -n 's/^pan: elapsed time \([0-9.e+-]*\) seconds.*/\1/p' "$out" | tail -n1)"
+  reason="$(sed -n 's/^pan:1: \(.*\) (at depth.*/\1/p' "$out" | head -n1)"
+  : "${errors:=-1}"
+  if [[ "$expect" == pass && "$errors" == 0 ]]; then res=PASS
+  elif [[ "$expect" == fail && "$errors" -gt 0 ]]; then res="CAUGHT ($reason)"
+  elif [[ "$expect" == reach && "$errors" -gt 0 && "$reason" == "assertion violated 0" ]]; then res=REACHED
+  else res="FAIL (expected $expect, errors=$errors: $reason)"; FAILED=1
+  fi
+  line "ring $name" - safety "${states:-?}" "${secs:-?}s" "$res"
+}
+ring_run model-no-timeouts pass
+ring_run model-bounded-waits pass -DTIMEOUTS
+ring_run MUT_NO_RECHECK fail -DMUT_NO_RECHECK
+ring_run MUT_RELAXED_STATE fail -DMUT_RELAXED_STATE -DTIMEOUTS
+ring_run probe-writer-waits reach -DPROBE=1
 
 echo "total wall time: $((SECONDS - T0)) s"
 if (( FAILED )); then

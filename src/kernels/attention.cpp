@@ -12,7 +12,7 @@ namespace tandem::kernels {
 
 void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSequence> sequences,
                      const PagedKvLayer& kv, int n_head, int n_head_kv, int head_dim, float scale, float* out,
-                     int64_t ldo, ThreadPool& pool) {
+                     int64_t ldo, ThreadPool& pool, int kv_head_begin, int kv_head_end) {
   TANDEM_ASSERT(n_head_kv > 0 && n_head % n_head_kv == 0);
   TANDEM_ASSERT(kv.dtype != DType::kQ8_0, "the KV cache is f32, f16 or bf16");
   const AttentionTileFn tile_fn = active_kernels().attention_tile;
@@ -29,6 +29,8 @@ void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSeque
   std::vector<Item>& items = scratch;
   items.clear();
   const int group = n_head / n_head_kv;
+  if (kv_head_end < 0) kv_head_end = n_head_kv;
+  TANDEM_ASSERT(kv_head_begin >= 0 && kv_head_begin <= kv_head_end && kv_head_end <= n_head_kv);
   for (const AttentionSequence& seq : sequences) {
     const int32_t last = seq.first_position + seq.n_rows - 1;
     TANDEM_ASSERT(seq.first_position >= 0 && static_cast<int64_t>(last) < static_cast<int64_t>(seq.n_blocks) * kv.block_size,
@@ -36,7 +38,7 @@ void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSeque
     for (int32_t r = 0; r < seq.n_rows; r += kAttentionTileRows) {
       const int rows = std::min<int32_t>(kAttentionTileRows, seq.n_rows - r);
       const int64_t row = seq.first_row + r;
-      for (int h = 0; h < n_head_kv; ++h) {
+      for (int h = kv_head_begin; h < kv_head_end; ++h) {
         AttentionTileArgs a;
         a.q = q + row * ldq;
         a.ldq = ldq;

@@ -45,8 +45,11 @@ struct AttentionSequence {
 
 constexpr int kAttentionTileRows = 16;
 
+// Attention of every query head over the pool, or (tensor parallelism) only
+// of KV heads [kv_head_begin, kv_head_end) and their query heads, whose
+// columns of `out` alone are written.
 void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSequence> sequences,
                      const PagedKvLayer& kv, int n_head, int n_head_kv, int head_dim, float scale, float* out,
-                     int64_t ldo, ThreadPool& pool);
+                     int64_t ldo, ThreadPool& pool, int kv_head_begin = 0, int kv_head_end = -1);
 
 }  // namespace tandem::kernels

@@ -43,14 +43,24 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
   const int hd = static_cast<int>(c.head_dim);
   const kernels::KvBlockShape kv_block{hd, kv.shape().block_size};
   const int64_t layer = kv_layer;
+  // This rank's KV heads (all of them unless split), their query heads, and
+  // where their rows start in the whole Q and K/V: the matmuls write the
+  // rank's block of the full-width buffers, and the epilogues work in the
+  // whole layer's coordinates (heads, biases, KV slots).
+  const int kv_h0 = pass.split() ? pass.tp->kv_head_begin : 0;
+  const int kv_h1 = pass.split() ? pass.tp->kv_head_end : static_cast<int>(c.n_head_kv);
+  const int64_t group = c.n_head / c.n_head_kv;
+  const int64_t q0 = kv_h0 * group * c.head_dim, q1 = kv_h1 * group * c.head_dim;
+  const int64_t k0 = kv_h0 * c.head_dim, k1 = kv_h1 * c.head_dim;
   pass.kv_slots_of_layer(layer);
   {
     // QKV threads take whole heads (the epilogue ropes and writes per head),
     // and whole panels where the shapes allow.
     kernels::MatmulSplit qkv_split{std::lcm(c.head_dim, kernels::kPanelRows)};
-    if (q_dim % qkv_split.row_grain != 0 || kv_dim % qkv_split.row_grain != 0) qkv_split.row_grain = c.head_dim;
-    const kernels::MatmulOutput qkv[] = {{&w.wq, ws.q.data(), q_dim}, {&w.wk, ws.k.data(), kv_dim},
-                                         {&w.wv, ws.v.data(), kv_dim}};
+    if ((q1 - q0) % qkv_split.row_grain != 0 || (k1 - k0) % qkv_split.row_grain != 0) qkv_split.row_grain = c.head_dim;
+    const kernels::MatmulOutput qkv[] = {{&w.wq, ws.q.data() + q0, q_dim}, {&w.wk, ws.k.data() + k0, kv_dim},
+                                         {&w.wv, ws.v.data() + k0, kv_dim}};
+    const int64_t first_row[] = {q0, k0, k0};
     const kernels::MatmulInput in = pass.norm_rows(w.attn_norm, qkv);
     OpTimer timer(pass.prof, Op::kQkv);
     // Per head range [b, e) of Q, K or V, every token: bias, per-head norm,
@@ -65,6 +75,7 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
     const QkvPart parts[] = {{ws.q.data(), q_dim, w.bq, w.q_norm},
                              {ws.k.data(), kv_dim, w.bk, w.k_norm},
                              {ws.v.data(), kv_dim, w.bv, nullptr}};
+    // [b, e): rows of the whole Q, K or V.
     auto epilogue = [&](size_t index, int64_t b, int64_t e) {
       const int h0 = static_cast<int>(b / c.head_dim);
       const int h1 = static_cast<int>(e / c.head_dim);
@@ -85,17 +96,21 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
       }
     };
     if (!c.gated_attention) {
-      kernels::matmul(qkv, in, n, pass.pool, qkv_split, epilogue);
+      kernels::matmul(qkv, in, n, pass.pool, qkv_split, [&](size_t index, int64_t b, int64_t e) {
+        epilogue(index, first_row[index] + b, first_row[index] + e);
+      });
     } else {
       // The query and gate rows of whole heads go to ws.q and ws.attn_gate,
       // then the query takes the same norm and RoPE as an ungated one.
       ws.qg.resize(static_cast<size_t>(n * 2 * q_dim));
       ws.attn_gate.resize(static_cast<size_t>(n * q_dim));
-      const kernels::MatmulOutput qg[] = {{&w.wq, ws.qg.data(), 2 * q_dim}};
+      const kernels::MatmulOutput qg[] = {{&w.wq, ws.qg.data() + 2 * q0, 2 * q_dim}};
       kernels::MatmulSplit qg_split{std::lcm(2 * c.head_dim, kernels::kPanelRows)};
-      if ((2 * q_dim) % qg_split.row_grain != 0) qg_split.row_grain = 2 * c.head_dim;
+      if ((2 * (q1 - q0)) % qg_split.row_grain != 0) qg_split.row_grain = 2 * c.head_dim;
       kernels::matmul(qg, in, n, pass.pool, qg_split, [&](size_t, int64_t b, int64_t e) {
         const int64_t D = c.head_dim;
+        b += 2 * q0;
+        e += 2 * q0;
         for (int64_t t = 0; t < n; ++t)
           for (int64_t h = b / (2 * D); h < e / (2 * D); ++h) {
             std::copy_n(ws.qg.data() + t * 2 * q_dim + h * 2 * D, D, ws.q.data() + t * q_dim + h * D);
@@ -104,7 +119,7 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
         epilogue(0, b / 2, e / 2);
       });
       kernels::matmul(std::span(qkv).subspan(1), in, n, pass.pool, qkv_split,
-                      [&](size_t index, int64_t b, int64_t e) { epilogue(index + 1, b, e); });
+                      [&](size_t index, int64_t b, int64_t e) { epilogue(index + 1, k0 + b, k0 + e); });
     }
     pass.account(Op::kQkv, {&w.wq, &w.wk, &w.wv}, n);
   }
@@ -113,15 +128,18 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
     const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     kernels::paged_attention(ws.q.data(), q_dim, ws.sequences, kv.layer_view(static_cast<int>(layer)),
                              static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), hd, attn_scale,
-                             ws.attn.data(), q_dim, pass.pool);
+                             ws.attn.data(), q_dim, pass.pool, kv_h0, kv_h1);
   }
   if (c.gated_attention) {
     OpTimer timer(pass.prof, Op::kAttention);
     pass.pool.parallel_for(n, 16, [&](int64_t b, int64_t e) {
-      for (int64_t i = b * q_dim; i < e * q_dim; ++i)
-        ws.attn[static_cast<size_t>(i)] *= 1.0f / (1.0f + std::exp(-ws.attn_gate[static_cast<size_t>(i)]));
+      for (int64_t t = b; t < e; ++t)
+        for (int64_t i = t * q_dim + q0; i < t * q_dim + q1; ++i)
+          ws.attn[static_cast<size_t>(i)] *= 1.0f / (1.0f + std::exp(-ws.attn_gate[static_cast<size_t>(i)]));
     });
   }
+  // Split: every rank needs every head's output for its block of the output projection.
+  pass.gather_columns(ws.attn.data(), n, q_dim, pass.split() ? pass.tp->q_cols : ColumnBounds{});
   pass.project_to_residual(Op::kOutProj, w.wo, ws.attn.data());
 }
 

@@ -18,19 +18,24 @@ void run_dense_ffn(ForwardPass& pass, const DenseFfnWeights& w) {
   ForwardWorkspace& ws = pass.ws;
   const int64_t n = pass.n;
   const int64_t F = pass.c.n_ff;
+  // Split: this rank's block of the FFN width (gathered before down).
+  const int64_t f0 = pass.split() ? TensorShards::begin(pass.tp->ff_cols, pass.tp->rank) : 0;
   {
-    const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws.gate.data(), F}, {&w.w_up, ws.up.data(), F}};
+    const kernels::MatmulOutput gate_up[] = {{&w.w_gate, ws.gate.data() + f0, F}, {&w.w_up, ws.up.data() + f0, F}};
     const kernels::MatmulInput in = pass.norm_rows(w.ffn_norm, gate_up);
     OpTimer timer(pass.prof, Op::kGateUp);
     // SwiGLU, in the epilogue of gate/up: with the same_rows split a thread
     // computes the same rows of both, up's range right after gate's.
     auto swiglu = [&](size_t index, int64_t b, int64_t e) {
       if (index != 1) return;
+      b += f0;
+      e += f0;
       for (int64_t t = 0; t < n; ++t) kernels::silu_mul(ws.gate.data() + t * F + b, ws.up.data() + t * F + b, e - b);
     };
-    kernels::matmul(gate_up, in, n, pass.pool, kernels::MatmulSplit{.same_rows = true}, swiglu);
+    if (w.w_gate.rows > 0) kernels::matmul(gate_up, in, n, pass.pool, kernels::MatmulSplit{.same_rows = true}, swiglu);
     pass.account(Op::kGateUp, {&w.w_gate, &w.w_up}, n);
   }
+  pass.gather_columns(ws.gate.data(), n, F, pass.split() ? pass.tp->ff_cols : ColumnBounds{});
   pass.project_to_residual(Op::kDown, w.w_down, ws.gate.data());
 }
 

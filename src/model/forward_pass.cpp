@@ -1,5 +1,6 @@
 #include "model/forward_pass.h"
 
+#include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace tandem {
@@ -48,8 +49,25 @@ void ForwardPass::add_residual(int64_t b, int64_t e) {
   for (int64_t t = 0; t < n; ++t) kernels::add_inplace(ws.x.data() + t * E + b, ws.proj.data() + t * E + b, e - b);
 }
 
+void ForwardPass::gather_columns(float* buf, int64_t rows, int64_t ld, const ColumnBounds& bounds, int root) {
+  if (!split()) return;
+  TANDEM_ASSERT(gather != nullptr, "a split model runs with its gather");
+  gather->all_gather(buf, rows, ld, bounds, root);
+}
+
 void ForwardPass::project_to_residual(Op op, const kernels::WeightMatrix& w, const float* in) {
   OpTimer timer(prof, op);
+  if (split()) {
+    const int64_t e0 = TensorShards::begin(tp->embd_cols, tp->rank);
+    const kernels::MatmulOutput out[] = {{&w, ws.proj.data() + e0, c.n_embd}};
+    if (w.rows > 0) kernels::matmul(out, kernels::MatmulInput{in, w.cols}, n, pool);
+    account(op, {&w}, n);
+    gather_columns(ws.proj.data(), n, c.n_embd, tp->embd_cols);
+    pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) kernels::add_inplace(ws.x.data() + t * c.n_embd, ws.proj.data() + t * c.n_embd, c.n_embd);
+    });
+    return;
+  }
   const kernels::MatmulOutput out[] = {{&w, ws.proj.data(), c.n_embd}};
   kernels::matmul(out, kernels::MatmulInput{in, w.cols}, n, pool, {},
                   [&](size_t, int64_t b, int64_t e) { add_residual(b, e); });

@@ -17,6 +17,7 @@
 #include "kv/kv_pool.h"
 #include "model/model_config.h"
 #include "model/op_profile.h"
+#include "model/tensor_parallel.h"
 
 namespace tandem {
 
@@ -55,6 +56,15 @@ struct ForwardPass {
   OpProfile* prof = nullptr;
   kernels::RopeParams rope;
   ExpertExchange* experts = nullptr;  // expert parallelism: the exchange (null: every expert here)
+  // Tensor parallelism (tensor_parallel.h): this rank's shards and the
+  // gather between split matmuls (null: every matrix whole here).
+  const TensorShards* tp = nullptr;
+  TensorGather* gather = nullptr;
+
+  bool split() const { return tp != nullptr && tp->active(); }
+  // Gathers the split columns of n rows of `buf` (ld apart) onto every rank
+  // (root < 0) or `root`; a no-op without tensor parallelism.
+  void gather_columns(float* buf, int64_t rows, int64_t ld, const ColumnBounds& bounds, int root = -1);
 
   // RMSNorm of the residual rows as the input of a matmul group: quantized
   // directly for an all-Q8_0 group, else f32 rows in ws.xn.
@@ -67,7 +77,8 @@ struct ForwardPass {
   // width: rows [b, e) of ws.proj into ws.x, every token.
   void add_residual(int64_t b, int64_t e);
   // A projection back to the model width (w.cols wide rows at `in`) with the
-  // residual add in its epilogue, timed and counted as `op`.
+  // residual add in its epilogue, timed and counted as `op`. Split: this
+  // rank's block of the width, gathered, then the (replicated) residual add.
   void project_to_residual(Op op, const kernels::WeightMatrix& w, const float* in);
   // Each row's K and V slots in layer `layer` of the pool.
   void kv_slots_of_layer(int64_t layer);

@@ -52,6 +52,24 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
   if (const float* factors = weight_vector(f, "rope_freqs.weight", c.n_rot / 2, false))
     m->rope_freq_factors_.assign(factors, factors + c.n_rot / 2);
 
+  m->shards_ = tandem::tensor_shards(c, options.tensor_rank, options.tensor_ranks);
+  const TensorShards& tp = m->shards_;
+  if (tp.active() && options.expert_ranks > 1)
+    throw Error("tensor parallelism and expert parallelism in one engine are not supported together");
+  // Split: each matrix becomes this rank's block of rows. One that the whole
+  // layout would not interleave stays plain (its slice could be), so that
+  // every row reduces as in the whole matrix; its tensor is not prefaulted
+  // (the other ranks' rows are not this rank's to page in).
+  std::vector<const WeightMatrix*> keep_plain;
+  std::vector<const uint8_t*> sharded_tensors;
+  auto shard = [&](WeightMatrix& w, const ColumnBounds& bounds, int64_t scale = 1) {
+    if (!tp.active()) return;
+    if (!kernels::can_interleave(w)) keep_plain.push_back(&w);
+    sharded_tensors.push_back(w.data);
+    w = slice_rows(w, scale * TensorShards::begin(bounds, tp.rank), scale * TensorShards::end(bounds, tp.rank));
+  };
+  ColumnBounds kv_rows;
+  for (int r = 0; r <= tp.size; ++r) kv_rows.push_back(c.head_dim * (c.n_head_kv / tp.size) * r);
   const std::vector<LayerPlan> plan = layer_plan(c);
   m->layers_.resize(static_cast<size_t>(c.n_layer));
   for (int64_t l = 0; l < c.n_layer; ++l) {
@@ -62,6 +80,10 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
       case MixerKind::kFullAttention:
         layer.attn = load_attention(f, p, c);
         layer.kv_layer = c.kv_layer(l);
+        shard(layer.attn.wq, tp.q_cols, c.gated_attention ? 2 : 1);
+        shard(layer.attn.wk, kv_rows);
+        shard(layer.attn.wv, kv_rows);
+        shard(layer.attn.wo, tp.embd_cols);
         break;
       case MixerKind::kGatedDeltaNet:
         layer.delta = load_delta_net(f, p, c);
@@ -69,7 +91,12 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
         break;
     }
     switch (layer.plan.ffn) {
-      case FfnKind::kDense: layer.ffn = load_dense_ffn(f, p, c); break;
+      case FfnKind::kDense:
+        layer.ffn = load_dense_ffn(f, p, c);
+        shard(layer.ffn.w_gate, tp.ff_cols);
+        shard(layer.ffn.w_up, tp.ff_cols);
+        shard(layer.ffn.w_down, tp.embd_cols);
+        break;
       case FfnKind::kExperts: {
         const int64_t first = first_expert_of(options.expert_rank, c.n_expert, options.expert_ranks);
         const int64_t end = first_expert_of(options.expert_rank + 1, c.n_expert, options.expert_ranks);
@@ -78,6 +105,7 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
       }
     }
   }
+  shard(m->output_, tp.vocab_cols);
   // Interleave every matrix that can be (not the embedding table, which is
   // read by rows), each into its slice of one anonymous mapping, dropping its
   // file pages at once so that memory holds one copy at any time.
@@ -86,7 +114,9 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
     for (Layer& layer : m->layers_)
       for (WeightMatrix* x : layer.matrices()) to_interleave.push_back(x);
     if (!c.tied_embeddings) to_interleave.push_back(&m->output_);
-    std::erase_if(to_interleave, [](const WeightMatrix* x) { return !kernels::can_interleave(*x); });
+    std::erase_if(to_interleave, [&](const WeightMatrix* x) {
+      return !kernels::can_interleave(*x) || std::find(keep_plain.begin(), keep_plain.end(), x) != keep_plain.end();
+    });
   }
   uint64_t interleaved_bytes = 0;
   std::vector<const uint8_t*> copied;  // file bytes of the interleaved matrices
@@ -101,6 +131,7 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
   if (options.prefault) {
     for (const gguf::TensorInfo& t : f.tensors()) {
       if (std::binary_search(copied.begin(), copied.end(), t.data)) continue;
+      if (std::find(sharded_tensors.begin(), sharded_tensors.end(), t.data) != sharded_tensors.end()) continue;
       rest.emplace_back(t.data, t.n_bytes);
       rest_bytes += t.n_bytes;
     }
@@ -252,7 +283,8 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
                              seq.block_table.data(), static_cast<int32_t>(seq.block_table.size())});
     ws_.state_slots.push_back(seq.state_slot);
     // A sequence starting over (a new prompt, a recompute) starts from a zero state.
-    if (c.hybrid() && batch.positions[static_cast<size_t>(seq.first_row)] == 0)
+    // (Split: rank 0 alone owns the recurrent state.)
+    if (c.hybrid() && shards_.rank == 0 && batch.positions[static_cast<size_t>(seq.first_row)] == 0)
       std::memset(kv.state_slot(seq.state_slot), 0, kv.shape().state_slot_bytes);
     for (int32_t i = 0; i < seq.n_tokens; ++i) {
       const auto row = static_cast<size_t>(seq.first_row + i);
@@ -261,7 +293,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
     }
   }
 
-  ForwardPass pass{c, n, pool, kv, ws_, profile_, {}, experts_exchange_};
+  ForwardPass pass{c, n, pool, kv, ws_, profile_, {}, experts_exchange_, &shards_, tensor_gather_};
   if (pass.prof != nullptr) ++pass.prof->forwards;
   {
     OpTimer timer(pass.prof, Op::kEmbed);
@@ -283,7 +315,16 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
     const Layer& layer = layers_[static_cast<size_t>(l)];
     switch (layer.plan.mixer) {
       case MixerKind::kFullAttention: run_attention(pass, layer.attn, layer.kv_layer); break;
-      case MixerKind::kGatedDeltaNet: run_delta_net(pass, layer.delta, layer.state_layer); break;
+      case MixerKind::kGatedDeltaNet:
+        // Split: rank 0 runs the layer over the state it alone holds and
+        // broadcasts the residual it leaves.
+        if (shards_.rank == 0) {
+          ForwardPass whole = pass;  // the layer's matrices are whole here
+          whole.tp = nullptr;
+          run_delta_net(whole, layer.delta, layer.state_layer);
+        }
+        pass.gather_columns(ws_.x.data(), n, E, shards_.rank0_embd);
+        break;
     }
     switch (layer.plan.ffn) {
       case FfnKind::kDense: run_dense_ffn(pass, layer.ffn); break;
@@ -293,15 +334,18 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
 
   // Final norm and the vocabulary projection, only for the rows asked for.
   const auto n_out = static_cast<int64_t>(batch.logit_rows.size());
-  if (n_out == 0) return;
+  if (n_out == 0 && !pass.split()) return;  // (split: the gather runs anyway, as every rank plans it)
   OpTimer timer(pass.prof, Op::kLmHead);
   ws_.logits_in.resize(size(n_out, E));
   for (int64_t i = 0; i < n_out; ++i) {
     const int64_t row = batch.logit_rows[static_cast<size_t>(i)];
     kernels::rms_norm(ws_.x.data() + row * E, E, output_norm_, ws_.logits_in.data() + i * E, E, 1, E, c.rms_eps);
   }
-  kernels::matmul(output_, ws_.logits_in.data(), E, n_out, logits, c.n_vocab, pool);
+  // Split: this rank's block of the vocabulary, gathered to rank 0.
+  const int64_t v0 = TensorShards::begin(shards_.vocab_cols, shards_.rank) * (pass.split() ? 1 : 0);
+  if (n_out > 0 && output_.rows > 0) kernels::matmul(output_, ws_.logits_in.data(), E, n_out, logits + v0, c.n_vocab, pool);
   pass.account(Op::kLmHead, {&output_}, n_out);
+  pass.gather_columns(logits, n_out, c.n_vocab, shards_.vocab_cols, 0);
 }
 
 std::string_view name(Op op) {
@@ -309,6 +353,16 @@ std::string_view name(Op op) {
       "embed", "rms_norm", "qkv_matmul", "rope_angles", "attention", "out_proj", "gate_up_matmul", "down_matmul",
       "moe_route", "recurrent", "lm_head"};
   return names[static_cast<size_t>(op)];
+}
+
+int Model::n_tensor_gathers() const {
+  if (!shards_.active()) return 0;
+  int n = 1;  // the vocabulary projection
+  for (const Layer& layer : layers_) {
+    n += layer.plan.mixer == MixerKind::kFullAttention ? 2 : 1;
+    n += layer.plan.ffn == FfnKind::kDense ? 2 : 0;
+  }
+  return n;
 }
 
 int Model::n_expert_layers() const {

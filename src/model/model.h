@@ -25,6 +25,7 @@
 #include "model/expert_ffn.h"
 #include "model/forward_pass.h"
 #include "model/op_profile.h"
+#include "model/tensor_parallel.h"
 #include "kernels/kv_write.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -69,6 +70,10 @@ struct LoadOptions {
   // experts (expert_exchange.h).
   int expert_rank = 0;
   int expert_ranks = 1;
+  // Tensor parallelism: this rank holds only its shards of every split
+  // matrix (tensor_parallel.h says which); forward() then needs a gather.
+  int tensor_rank = 0;
+  int tensor_ranks = 1;
 };
 
 class Model {
@@ -107,6 +112,14 @@ class Model {
   // its experts for its peers' rows.
   void run_expert_layers_empty(ThreadPool& pool);
 
+  // Tensor parallelism: the gather between split matmuls (the model loaded
+  // with LoadOptions::tensor_ranks > 1). With it, forward() leaves the logits
+  // on rank 0 only.
+  void set_tensor_gather(TensorGather* gather) { tensor_gather_ = gather; }
+  const TensorShards& tensor_shards() const { return shards_; }
+  // The gathers of every forward (the same on every rank and every step).
+  int n_tensor_gathers() const;
+
   // Accumulate per-op times of every forward into `profile` (null: off).
   void set_profile(OpProfile* profile) { profile_ = profile; }
 
@@ -125,6 +138,8 @@ class Model {
   AnonymousMemory interleaved_;  // the interleaved matrices, when LoadOptions::interleave_weights
   OpProfile* profile_ = nullptr;
   ExpertExchange* experts_exchange_ = nullptr;
+  TensorShards shards_;  // size 1: not split
+  TensorGather* tensor_gather_ = nullptr;
 
   ForwardWorkspace ws_;  // scratch reused across calls (the forward is driven by one thread)
 };

@@ -11,6 +11,7 @@ const char* op_kind_name(int64_t kind) {
     case OpKind::kExpertCombine: return "expert_combine";
     case OpKind::kDraftExchange: return "draft_exchange";
     case OpKind::kProbe: return "probe";
+    case OpKind::kTensorGather: return "tensor_gather";
   }
   return "unknown";
 }

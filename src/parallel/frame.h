@@ -28,6 +28,7 @@ enum class OpKind : int64_t {
   kExpertCombine = 3,   // and their outputs back
   kDraftExchange = 4,   // one speculative draft token's collective
   kProbe = 5,           // tests and benchmarks
+  kTensorGather = 6,    // tensor parallelism: one all-gather of a split matmul's columns
 };
 const char* op_kind_name(int64_t kind);
 

@@ -89,7 +89,7 @@ std::vector<Frame> LockstepGroup::exchange(Frame mine) {
   }
   ++seq_;
   std::lock_guard<std::mutex> lock(mu_);
-  OpCounters& c = counters_.by_kind[static_cast<size_t>(std::clamp<int64_t>(mine.kind, 0, 5))];
+  OpCounters& c = counters_.by_kind[static_cast<size_t>(std::clamp<int64_t>(mine.kind, 0, 6))];
   ++c.count;
   c.last_seq = mine.seq;
   c.bytes += static_cast<int64_t>(sizeof(Frame)) * size() + mine.data_bytes;

@@ -107,7 +107,7 @@ struct GroupCounters {
   int64_t ops = 0;          // ops completed (consensus included) = next seq
   int64_t busy_consensus_ns = 0;  // time in the consensus of steps some rank had work in
   uint64_t last_fingerprint = 0;
-  std::array<OpCounters, 6> by_kind{};  // indexed by OpKind
+  std::array<OpCounters, 7> by_kind{};  // indexed by OpKind
 };
 
 class LockstepGroup {

@@ -28,6 +28,7 @@ StepPlan plan_step(const LockstepConfig& config, const LocalWork& work, const Lo
     if (mutations.skip_draft_without_output && !work.produces_output) draft = false;
   }
   StepPlan plan;
+  for (int g = 0; g < config.n_tensor_gathers; ++g) plan.ops.push_back({OpKind::kTensorGather, g});
   if (experts) {
     for (int l = 0; l < config.n_expert_layers; ++l) {
       plan.ops.push_back({OpKind::kExpertDispatch, l});

@@ -20,6 +20,7 @@ namespace tandem::parallel {
 struct LockstepConfig {
   int n_expert_layers = 0;  // MoE layers whose experts are sharded (0: no expert parallelism)
   int draft_width = 0;      // speculative tokens drafted per step (0: no drafter)
+  int n_tensor_gathers = 0;  // tensor parallelism: all-gathers per step (Model::n_tensor_gathers)
 };
 
 // A rank's own view of its next step (what it scheduled).
@@ -61,7 +62,7 @@ struct StepPlan {
   uint64_t fingerprint() const;
 };
 
-// The ops of one step, in order: each expert layer's dispatch and combine,
+// The ops of one step, in order: the tensor-parallel gathers, each expert layer's dispatch and combine,
 // then the draft's exchanges. Mutations only take effect in test builds.
 StepPlan plan_step(const LockstepConfig& config, const LocalWork& work, const LockstepMutations& mutations = {});
 

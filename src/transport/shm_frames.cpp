@@ -1,10 +1,8 @@
 #include "transport/shm_frames.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +15,7 @@
 #include "parallel/frame_transport.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/futex.h"
 
 namespace tandem {
 
@@ -49,20 +48,6 @@ namespace {
 
 // Sequence numbers wrap: a is at or after b when a - b, signed, is >= 0.
 bool at_or_after(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
-
-void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, int64_t ns) {
-  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
-
-void futex_wake_all(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-}
-
-void ring_bell(std::atomic<uint32_t>* bell) {
-  bell->fetch_add(1, std::memory_order_release);
-  futex_wake_all(bell);
-}
 
 }  // namespace
 
