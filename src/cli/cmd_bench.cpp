@@ -99,7 +99,9 @@ void print_profile_json(const char* key, const OpProfile& p) {
 }
 
 void run_bench_model(const BenchArgs& a) {
-  LoadedModel lm = load_model(a.model_path, a.json, !a.no_interleave);
+  LoadOptions load;
+  load.interleave_weights = !a.no_interleave;
+  LoadedModel lm = load_model(a.model_path, a.json, load);
   const double load_rss_mib = max_rss_mib();
   Model& model = *lm.model;
   const ModelConfig& c = model.config();

@@ -18,6 +18,7 @@
 #include "cli/demo_model.h"
 #include "cli/loaded_model.h"
 #include "cli/pd_instance.h"
+#include "cli/tensor_parallel.h"
 #include "engine/engine_core.h"
 #include "server/http_server.h"
 #include "util/error.h"
@@ -41,6 +42,7 @@ struct ServeArgs {
   PdInstanceOptions pd;
   bool role_given = false;
   DataParallelOptions dp;
+  TensorParallelOptions tp;
 };
 
 // This process's command line, for starting the host's other ranks (the
@@ -120,7 +122,18 @@ void run_serve(ServeArgs& a) {
   const bool expert_parallel = data_parallel && a.dp.expert_parallel;
   if (a.dp.expert_parallel && !data_parallel)
     throw Error("--enable-expert-parallel splits the experts over the data-parallel ranks: give --data-parallel-size N (N > 1)");
-  LoadedModel lm = load_model(path, false, true, expert_parallel ? dp_rank : 0, expert_parallel ? a.dp.size : 1);
+  if (a.tp.enabled() && expert_parallel)
+    throw Error("--tensor-parallel-size and --enable-expert-parallel together are not supported: choose one");
+  LoadOptions load;
+  if (expert_parallel) load.expert_rank = dp_rank, load.expert_ranks = a.dp.size;
+  if (a.tp.enabled()) {
+    // The core only schedules: rank 0's shards as views of the file, nothing
+    // paged in (the workers load their own), and the split checked here.
+    load.tensor_ranks = a.tp.size;
+    load.prefault = false;
+    load.interleave_weights = false;
+  }
+  LoadedModel lm = load_model(path, false, load);
   if (expert_parallel && lm.model->n_expert_layers() == 0)
     throw Error("--enable-expert-parallel: " + lm.model->config().arch + " has no expert layers");
   if (expert_parallel && lm.model->config().n_expert < a.dp.size)
@@ -142,7 +155,31 @@ void run_serve(ServeArgs& a) {
   }
   if (a.role == "prefill") a.pd.role = pd::Role::kPrefill;
   if (a.role == "decode") a.pd.role = pd::Role::kDecode;
+  std::string tp_dir;
+  if (a.tp.enabled()) {
+    tp_dir = TensorParallelExecutor::make_dir();
+    a.engine.kv_backing = KvPoolBacking{tp_dir + "/kv.pool", true};
+  }
+  struct RemoveDir {
+    const std::string& dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_tp_dir{tp_dir};
   EngineCore engine(*lm.model, *lm.tokenizer, a.engine);
+  std::unique_ptr<TensorParallelExecutor> tp;
+  if (a.tp.enabled()) {
+    a.tp.model_path = path;
+    a.tp.max_num_batched_tokens = a.engine.max_num_batched_tokens;
+    a.tp.max_num_seqs = a.engine.max_num_seqs;
+    a.tp.max_model_len = engine.max_model_len();
+    a.tp.block_size = a.engine.block_size;
+    a.tp.n_vocab = lm.model->config().n_vocab;
+    if (a.tp.threads_per_worker == 0 && a.engine.threads > 0) a.tp.threads_per_worker = std::max(1, a.engine.threads / a.tp.size);
+    tp = std::make_unique<TensorParallelExecutor>(a.tp, engine.kv_pool(), a.engine.kv_backing.shared_path);
+    engine.set_executor(tp.get());
+  }
   if (engine.metrics().prefix_caching_off_for_recurrent_state)
     std::fprintf(stderr, "tandem: prefix caching is off for %s: a cached block holds KV, not the recurrent state "
                  "after it\n", lm.model->config().arch.c_str());
@@ -159,6 +196,7 @@ void run_serve(ServeArgs& a) {
     engine.set_lockstep(dp->hooks(expert_parallel ? lm.model->n_expert_layers() : 0));
   }
   server::HttpServer http(engine, *lm.model, *lm.tokenizer, a.server);
+  if (tp) http.set_tp_hook(tensor_parallel_hook(*tp));
   const int port = http.bind();
   std::unique_ptr<DataParallelFront> front;
   std::unique_ptr<RankSupervisor> supervisor;
@@ -231,6 +269,7 @@ void run_serve(ServeArgs& a) {
   pd_instance.reset();
   supervisor.reset();  // the host's other ranks stop first (SIGTERM, bounded)
   engine.stop();
+  tp.reset();  // the workers stop after the engine's last step
   dp.reset();
   if (dp_owns_dir) std::filesystem::remove_all(a.dp.rendezvous_dir);
   std::fprintf(stderr, "tandem: stopped\n");
@@ -291,6 +330,15 @@ void add_serve(CLI::App& app) {
       ->check(CLI::Range(10, 3'600'000));
   cmd->add_flag("--enable-expert-parallel", a->dp.expert_parallel,
                "Split every MoE layer's experts over the data-parallel ranks (all-to-all over gloo)");
+  cmd->add_option("--tensor-parallel-size", a->tp.size,
+                  "Worker processes each holding a shard of every matrix (output bitwise equal to 1)")
+      ->check(CLI::Range(1, parallel::kMaxRingReaders));
+  cmd->add_option("--tensor-parallel-soft-deadline-ms", a->tp.soft_deadline_ms,
+                  "Report a step whose workers have not all answered after this long")
+      ->check(CLI::Range(10, 3'600'000));
+  cmd->add_option("--tensor-parallel-timeout-ms", a->tp.timeout_ms,
+                  "Fail a step (and restart the workers) whose workers have not answered after this long")
+      ->check(CLI::Range(100, 3'600'000));
   cmd->add_option("--node-id", a->pd.node, "Node id in the cluster (0: random)");
   cmd->add_option("--transfer-host", a->pd.transfer_host, "Address of the KV transfer listener (default loopback)");
   cmd->add_option("--transfer-port", a->pd.transfer_port, "Port of the KV transfer listener (0: any free port)");

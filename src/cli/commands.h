@@ -17,5 +17,6 @@ void add_sim(CLI::App& app);
 void add_sim_lockstep(CLI::App& app);
 void add_router(CLI::App& app);
 void add_cluster(CLI::App& app);
+void add_tensor_worker(CLI::App& app);
 
 }  // namespace tandem::cli

@@ -7,15 +7,11 @@
 
 namespace tandem::cli {
 
-LoadedModel load_model(const std::string& path, bool quiet, bool interleave, int expert_rank, int expert_ranks) {
+LoadedModel load_model(const std::string& path, bool quiet, LoadOptions options) {
   Stopwatch sw;
   LoadedModel m;
   m.file = std::make_shared<const gguf::File>(gguf::File::open(path));
   constexpr uint64_t kProgressThresholdBytes = 100ull << 20;
-  LoadOptions options;
-  options.interleave_weights = interleave;
-  options.expert_rank = expert_rank;
-  options.expert_ranks = expert_ranks;
   if (!quiet && m.file->file_size() > kProgressThresholdBytes) {
     options.progress = [](uint64_t done, uint64_t total) {
       std::fprintf(stderr, "\rloading weights: %3d%% (%llu / %llu MiB)", static_cast<int>(done * 100 / total),

@@ -19,8 +19,7 @@ struct LoadedModel {
 
 // Shows a progress line on stderr for files over 100 MB.
 // interleave: LoadOptions::interleave_weights (off only to measure its effect).
-// expert_rank / expert_ranks: LoadOptions' (expert parallelism).
-LoadedModel load_model(const std::string& path, bool quiet = false, bool interleave = true, int expert_rank = 0,
-                       int expert_ranks = 1);
+// `options`: how to load (its progress is set here).
+LoadedModel load_model(const std::string& path, bool quiet = false, LoadOptions options = {});
 
 }  // namespace tandem::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_sim_lockstep(app);
   tandem::cli::add_router(app);
   tandem::cli::add_cluster(app);
+  tandem::cli::add_tensor_worker(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -61,7 +61,7 @@ EngineCore::EngineCore(Model& model, const Tokenizer& tokenizer, const EngineCon
   n_blocks_ = std::max<int64_t>(1, config.kv_cache_bytes / static_cast<int64_t>(KvPool::bytes_per_block(shape)));
   shape.n_blocks = n_blocks_;
   pool_ = std::make_unique<ThreadPool>(config.threads);
-  kv_ = std::make_unique<KvPool>(shape);
+  kv_ = std::make_unique<KvPool>(shape, config.kv_backing);
   if (mc.hybrid()) states_ = std::make_unique<StateSlots>(shape.n_state_slots);
   BlockManagerConfig bc;
   bc.n_blocks = n_blocks_;
@@ -214,6 +214,7 @@ void EngineCore::loop() {
   while (running_.load(std::memory_order_acquire)) {
     heartbeat_.fetch_add(1, std::memory_order_acq_rel);
     if (step()) continue;
+    if (executor_ != nullptr) executor_->idle();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::milliseconds(config_.idle_wait_ms), [&] { return has_input_locked(); });
   }
@@ -585,7 +586,25 @@ void EngineCore::run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& ste
   }
   const int64_t n_vocab = model_.config().n_vocab;
   logits_.resize(batch.logit_rows.size() * static_cast<size_t>(n_vocab));
-  model_.forward(batch, *kv_, *pool_, logits_.data());
+  if (executor_ != nullptr) {
+    try {
+      executor_->forward(batch, logits_.data());
+    } catch (const ExecutorError& e) {
+      // The step is lost: its requests (their KV of this step may be half
+      // written) end with the executor's error; the others keep their KV
+      // and go on once the executor has recovered.
+      std::vector<uint64_t> ids;
+      for (const ScheduledChunk& c : out.chunks) ids.push_back(static_cast<SeqState*>(c.seq)->owner->req.id);
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      for (uint64_t id : ids) abort_now(id, e.what());
+      ++metrics_.executor_failures;
+      publish();
+      return;
+    }
+  } else {
+    model_.forward(batch, *kv_, *pool_, logits_.data());
+  }
   scheduler_->on_computed(out);
   step_.store(step_no, std::memory_order_release);
 
@@ -625,6 +644,7 @@ void EngineCore::run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& ste
 }
 
 bool EngineCore::ready(std::string* why) const {
+  if (executor_ != nullptr && !executor_->ready(why)) return false;
   if (!lockstep_enabled_) return true;
   std::lock_guard<std::mutex> lock(lockstep_mu_);
   if (lockstep_info_.connected) return true;

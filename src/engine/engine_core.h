@@ -30,6 +30,7 @@
 #include "kv/kv_pool.h"
 #include "util/clock.h"
 #include "engine/lockstep_experts.h"
+#include "engine/model_executor.h"
 #include "parallel/lockstep_group.h"
 
 namespace tandem {
@@ -49,6 +50,8 @@ struct EngineConfig {
   int64_t max_model_len = 0;  // 0 = the model's training context
   int threads = 0;            // 0 = one per core
   int idle_wait_ms = 50;      // bounded wait of an idle loop
+  // Where the KV pool lives (a shared file when tensor-parallel workers map it).
+  KvPoolBacking kv_backing;
   // Test-only (built with TANDEM_PD_MUTATIONS): a decode recomputes the last
   // moved prompt token, advancing a recurrent state twice by it.
   bool mutation_advance_state_twice = false;
@@ -103,6 +106,9 @@ class EngineCore {
 
   // Makes this engine a rank of a lockstep group; before start().
   void set_lockstep(LockstepHooks hooks);
+  // Runs the forward passes on `executor` (tensor parallelism) instead of
+  // this engine's thread pool; before start(). Not owned.
+  void set_executor(ModelExecutor* executor) { executor_ = executor; }
   // Runs the loop on its own thread until stop().
   void start();
   void stop();
@@ -182,6 +188,7 @@ class EngineCore {
   void emit(RequestState& r, std::string error = {});
 
   Model& model_;
+  ModelExecutor* executor_ = nullptr;
   const Tokenizer& tokenizer_;
   EngineConfig config_;
   int64_t max_model_len_ = 0;

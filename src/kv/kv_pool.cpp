@@ -1,10 +1,13 @@
 #include "kv/kv_pool.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -51,9 +54,33 @@ uint8_t* map_backed(size_t n, const std::string& what) {
   return data;
 }
 
+// The same, MAP_SHARED over a file: created and sized (then backed like the
+// anonymous one), or an existing one of that size mapped.
+uint8_t* map_shared(size_t n, const KvPoolBacking& b) {
+  const int fd = ::open(b.shared_path.c_str(), O_RDWR | O_CLOEXEC | (b.create ? O_CREAT | O_TRUNC : 0), 0600);
+  if (fd < 0) throw Error("cannot open the shared KV pool " + b.shared_path + ": " + std::strerror(errno));
+  struct stat st{};
+  if ((b.create && ::ftruncate(fd, static_cast<off_t>(n)) != 0) || ::fstat(fd, &st) != 0 ||
+      static_cast<size_t>(st.st_size) != n) {
+    ::close(fd);
+    throw Error("cannot size the shared KV pool " + b.shared_path + " to " + std::to_string(n >> 20) +
+                " MiB (is /dev/shm large enough?)");
+  }
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) throw Error("cannot map the shared KV pool (" + std::to_string(n >> 20) + " MiB)");
+#ifdef MADV_POPULATE_WRITE
+  if (b.create && madvise(p, n, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+    munmap(p, n);
+    throw Error("cannot back the shared KV pool (" + std::to_string(n >> 20) + " MiB) with memory: lower the KV cache size");
+  }
+#endif
+  return static_cast<uint8_t*>(p);
+}
+
 }  // namespace
 
-KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
+KvPool::KvPool(const KvPoolShape& shape, const KvPoolBacking& backing) : shape_(shape) {
   if (shape.dtype == kernels::DType::kQ8_0) throw Error("the KV cache dtype must be f32, f16 or bf16");
   if (shape.n_layers <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size <= 0 ||
       shape.n_blocks <= 0 || shape.n_state_slots < 0 || (shape.n_state_slots > 0 && shape.state_slot_bytes == 0))
@@ -62,7 +89,7 @@ KvPool::KvPool(const KvPoolShape& shape) : shape_(shape) {
   block_bytes_ = bytes_per_block(shape);
   if (shape.n_state_slots > 0)
     state_slot_blocks_ = static_cast<int32_t>((shape.state_slot_bytes + block_bytes_ - 1) / block_bytes_);
-  data_ = map_backed(transfer_bytes(), "KV pool");
+  data_ = backing.shared_path.empty() ? map_backed(transfer_bytes(), "KV pool") : map_shared(transfer_bytes(), backing);
 }
 
 KvPool::~KvPool() {

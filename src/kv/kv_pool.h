@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -37,9 +38,18 @@ struct KvPoolShape {
   size_t state_slot_bytes = 0;
 };
 
+// Where a pool's memory lives: anonymous (one process), or a file in
+// /dev/shm that the tensor-parallel workers map too (each writes its own KV
+// heads; the layout is the same whatever the split, so the P/D transport
+// moves a TP instance's blocks as any other's).
+struct KvPoolBacking {
+  std::string shared_path;  // empty: anonymous
+  bool create = true;       // create (and size) the file, else map an existing one
+};
+
 class KvPool {
  public:
-  explicit KvPool(const KvPoolShape& shape);
+  explicit KvPool(const KvPoolShape& shape, const KvPoolBacking& backing = {});
   ~KvPool();
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;

@@ -234,10 +234,12 @@ void HttpServer::install_routes() {
 
   s.Get("/debug/parallel", [this](const httplib::Request&, httplib::Response& res) {
     const LockstepStatus st = engine_.lockstep_status();
-    if (!st.enabled) return send_json(res, 404, {{"error", "not a data-parallel rank (--data-parallel-size 1)"}});
-    json body = lockstep_status_json(st);
+    if (!st.enabled && !tp_hook_.status_json)
+      return send_json(res, 404, {{"error", "neither data- nor tensor-parallel (--data-parallel-size 1, --tensor-parallel-size 1)"}});
+    json body = st.enabled ? lockstep_status_json(st) : json::object();
     body["pid"] = ::getpid();
     if (dp_hook_.ranks_json) body["ranks"] = json::parse(dp_hook_.ranks_json(), nullptr, false);
+    if (tp_hook_.status_json) body["tensor_parallel"] = json::parse(tp_hook_.status_json(), nullptr, false);
     send_json(res, 200, body);
   });
 
@@ -249,6 +251,7 @@ void HttpServer::install_routes() {
             std::to_string(in_flight_.load()) + "\n";
     const LockstepStatus st = engine_.lockstep_status();
     if (st.enabled) text += render_lockstep_metrics(st);
+    if (tp_hook_.metrics) text += tp_hook_.metrics();
     res.set_content(text, "text/plain; version=0.0.4");
   });
 

@@ -88,6 +88,13 @@ struct DpHook {
   std::function<std::string()> ranks_json;  // the ranks' addresses, for /debug/parallel
 };
 
+// Tensor parallelism: the executor's state for /debug/parallel (JSON text)
+// and /metrics (Prometheus text).
+struct TpHook {
+  std::function<std::string()> status_json;
+  std::function<std::string()> metrics;
+};
+
 class HttpServer {
  public:
   HttpServer(EngineCore& engine, const Model& model, const Tokenizer& tokenizer, ServerConfig config);
@@ -110,6 +117,8 @@ class HttpServer {
   // Before serve().
   void set_pd_hook(PdHook hook);
   void set_dp_hook(DpHook hook);
+  // Before serve().
+  void set_tp_hook(TpHook hook) { tp_hook_ = std::move(hook); }
 
  private:
   void install_routes();
@@ -121,6 +130,7 @@ class HttpServer {
   ChatTemplate template_;
   PdHook pd_hook_;
   DpHook dp_hook_;
+  TpHook tp_hook_;
   std::unique_ptr<QueueStats> queue_stats_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> draining_{false};

@@ -37,6 +37,12 @@ void histogram(std::string& out, const char* name, const char* help, const Histo
 
 }  // namespace
 
+void append_series(std::string& out, const char* name, const char* type, const char* help,
+                   const std::vector<std::pair<std::string, double>>& lines) {
+  header(out, name, type, help);
+  for (const auto& [labels, value] : lines) line(out, name, labels, value);
+}
+
 std::string render_prometheus(const EngineMetrics& m, const std::string& model, const bool ready) {
   std::string out;
   const std::string l = "model_name=\"" + model + "\"";

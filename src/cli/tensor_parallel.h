@@ -1,0 +1,136 @@
+// Tensor parallelism across processes (`--tensor-parallel-size N`): the
+// engine core schedules and samples; N worker processes (`tandem
+// tensor-worker`, spawned here) each hold their shards of the weights
+// (model/tensor_parallel.h) and write their KV heads into the engine's KV
+// pool, one shared mapping. Each step goes to every worker through the
+// broadcast ring (parallel/broadcast_ring.h); each worker answers on its own
+// response ring, rank 0 with the logits. Between themselves the workers run
+// the step as a lockstep group (parallel/lockstep_group.h): the consensus,
+// then every gather as a planned op, over shared memory (gloo over TCP for
+// what does not fit), so a worker that fails makes every worker raise the
+// same error after the vote.
+//
+// Nothing waits silently (seed 003). The core's wait for the replies has a
+// soft deadline, past which it reports which workers have not answered, what
+// each is doing (its status page: the collective it is in and who is
+// missing, its heartbeat, its process state: a stopped process shows as
+// such) and the ring's state; and a hard deadline, past which the step's
+// requests fail with that report, /health says why, and the workers are
+// restarted. A worker that dies is seen within a heartbeat (waitpid) and
+// named in the error. After any failure the workers are replaced by a fresh
+// set (new rings, a new group generation) before the next step.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cli/tensor_wire.h"
+#include "engine/model_executor.h"
+#include "kv/kv_pool.h"
+#include "parallel/broadcast_ring.h"
+#include "server/http_server.h"
+
+namespace tandem::cli {
+
+struct TensorParallelOptions {
+  int size = 1;
+  std::string model_path;
+  int threads_per_worker = 0;        // 0: the cores divided by the size
+  int64_t soft_deadline_ms = 5000;   // a step's replies: report past this
+  int64_t timeout_ms = 60000;        // a step's replies: fail past this
+  int64_t start_timeout_ms = 120000;  // workers loading and meeting
+  // Sizes the rings: the largest step and its logits.
+  int64_t max_num_batched_tokens = 512;
+  int64_t max_num_seqs = 64;
+  int64_t max_model_len = 4096;
+  int block_size = 16;
+  int64_t n_vocab = 0;
+  bool enabled() const { return size > 1; }
+};
+
+// The workers' state for /debug/parallel and /metrics.
+struct TensorWorkerSnapshot {
+  int rank = 0;
+  int32_t pid = 0;
+  char process_state = '?';  // from /proc: R running, S sleeping, T stopped, Z zombie
+  int32_t phase = 0;
+  int64_t step_id = 0, steps_done = 0;
+  int64_t heartbeat_age_ms = -1;
+  int64_t op_kind = 0, op_seq = 0, op_age_ms = -1;
+  uint64_t op_arrived = 0;
+  int64_t ops = 0, gathers = 0, gather_bytes = 0, gather_ns = 0, consensus_ns = 0;
+};
+
+struct TensorParallelSnapshot {
+  bool enabled = false;
+  bool ready = false;
+  int size = 0;
+  int generation = 0;
+  int64_t step_id = 0;
+  int64_t steps = 0;
+  int64_t failures = 0;
+  int64_t restarts = 0;
+  int64_t soft_deadline_reports = 0;
+  int64_t waiting_since_ms = -1;  // the core waits for replies since (ms ago; -1: not waiting)
+  std::string last_error;
+  parallel::RingCounters ring;
+  std::vector<TensorWorkerSnapshot> workers;
+};
+
+class TensorParallelExecutor : public ModelExecutor {
+ public:
+  // `kv`: the engine's pool, backed by `kv_path` (KvPoolBacking). Starts the
+  // workers and waits for them (throws tandem::Error if they do not come).
+  TensorParallelExecutor(const TensorParallelOptions& options, const KvPool& kv, const std::string& kv_path);
+  ~TensorParallelExecutor() override;
+
+  void forward(const Batch& batch, float* logits) override;
+  bool ready(std::string* why) const override;
+  void idle() override;
+  TensorParallelSnapshot snapshot() const;
+
+  // A fresh directory for a TP instance's shared files (the KV pool, rings, status).
+  static std::string make_dir();
+
+ private:
+  struct Worker {
+    pid_t pid = -1;
+    std::unique_ptr<parallel::BroadcastRing> replies;
+  };
+  void start_workers();
+  void stop_workers(bool graceful);
+  // Why waiting is hopeless: a worker that exited, named (reaps it).
+  std::string dead_worker();
+  std::string describe_workers(uint64_t missing_mask) const;
+  parallel::RingWait reply_wait(int rank, int64_t deadline_ns);
+  [[noreturn]] void fail(const std::string& message);
+
+  TensorParallelOptions options_;
+  KvPoolShape kv_shape_;
+  std::string dir_;
+  std::string kv_path_;
+  std::unique_ptr<parallel::BroadcastRing> steps_;
+  std::vector<Worker> workers_;
+  WorkerStatus* status_ = nullptr;  // one per worker, in a shared file
+  size_t status_bytes_ = 0;
+  int64_t step_id_ = 0;
+  uint64_t replied_mask_ = 0;   // the workers whose reply to the current step arrived
+
+  mutable std::mutex mu_;  // guards what snapshot() and ready() read below
+  bool ready_ = false;
+  int generation_ = 0;
+  std::string last_error_;
+  int64_t failures_ = 0, restarts_ = 0, steps_done_ = 0, soft_reports_ = 0;
+  std::atomic<int64_t> waiting_since_ns_{0};
+  int64_t next_restart_ns_ = 0;
+};
+
+// /debug/parallel and /metrics of a tensor-parallel instance (tensor_parallel_status.cpp).
+server::TpHook tensor_parallel_hook(const TensorParallelExecutor& tp);
+
+}  // namespace tandem::cli
