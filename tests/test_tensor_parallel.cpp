@@ -90,7 +90,7 @@ std::vector<std::vector<float>> run_split(const std::shared_ptr<const gguf::File
         o.shared_memory_frames = true;
         Model& m = *models[static_cast<size_t>(r)];
         parallel::LockstepGroup group(std::make_unique<GlooTransport>(o),
-                                      parallel::LockstepConfig{0, 0, m.n_tensor_gathers()});
+                                      parallel::LockstepConfig{0, 0, m.n_tensor_gathers(), "tensor-parallel"});
         LockstepTensorGather gather;
         gather.bind(&group);
         m.set_tensor_gather(&gather);

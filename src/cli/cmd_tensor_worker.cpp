@@ -50,11 +50,12 @@ WorkerStatus* map_status(const std::string& path, int size) {
   return static_cast<WorkerStatus*>(p);
 }
 
-// Test hook: TANDEM_TP_FAULT="<rank>:<step>" makes worker <rank> throw in
-// step <step> (after the consensus, while its peers are in the first gather).
-int64_t fault_step_for(int rank) {
+// Test hook: TANDEM_TP_FAULT="<rank>:<step>" makes worker <rank> of the
+// first set of workers (generation 1) throw in step <step>, after the
+// consensus, while its peers wait in the first gather.
+int64_t fault_step_for(int rank, int generation) {
   const char* spec = std::getenv("TANDEM_TP_FAULT");
-  if (spec == nullptr) return -1;
+  if (spec == nullptr || generation != 1) return -1;
   int r = -1;
   long long step = -1;
   if (std::sscanf(spec, "%d:%lld", &r, &step) != 2 || r != rank) return -1;
@@ -113,7 +114,7 @@ int run_worker(const WorkerArgs& a) {
     g.interrupted = &interrupted;
     g.shared_memory_frames = true;
     group = std::make_unique<parallel::LockstepGroup>(std::make_unique<GlooTransport>(g),
-                                                      parallel::LockstepConfig{0, 0, model->n_tensor_gathers()});
+                                                      parallel::LockstepConfig{0, 0, model->n_tensor_gathers(), "tensor-parallel"});
   } catch (const std::exception& e) {
     reply_failed(*replies, 0, true, who + " could not start: " + e.what());
     return 1;
@@ -133,6 +134,7 @@ int run_worker(const WorkerArgs& a) {
       me.op_seq.store(op.seq);
       me.op_since_ns.store(op.since_ns);
       me.op_arrived.store(op.arrived_mask);
+      me.op_data_phase.store(op.data_phase ? 1 : 0);
       me.ops.store(c.ops);
       const auto& tg = c.by_kind[static_cast<size_t>(parallel::OpKind::kTensorGather)];
       me.gathers.store(tg.count);
@@ -154,7 +156,7 @@ int run_worker(const WorkerArgs& a) {
 
   reply(*replies, 0, ReplyKind::kReady, {});
   me.phase.store(static_cast<int32_t>(WorkerPhase::kIdle));
-  const int64_t fault_step = fault_step_for(a.rank);
+  const int64_t fault_step = fault_step_for(a.rank, a.generation);
   const int64_t n_vocab = model->config().n_vocab;
   std::vector<float> logits;
   int64_t last = 0;

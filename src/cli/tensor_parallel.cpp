@@ -233,11 +233,15 @@ std::string TensorParallelExecutor::describe_workers(uint64_t missing) const {
          std::to_string(st.step_id.load()) + ", heartbeat " +
          (st.heartbeat_ns.load() == 0 ? std::string("never") : std::to_string((now - st.heartbeat_ns.load()) / 1'000'000) + " ms ago");
     const int64_t kind = st.op_kind.load();
-    if (kind != 0)
+    if (kind != 0 && st.phase.load() == static_cast<int32_t>(WorkerPhase::kInStep)) {
       s += ", inside " + std::string(parallel::op_kind_name(kind)) + " seq " + std::to_string(st.op_seq.load()) +
-           " for " + std::to_string((now - st.op_since_ns.load()) / 1'000'000) + " ms, arrived " +
-           ranks_of(st.op_arrived.load(), options_.size, true) + ", missing " +
-           ranks_of(st.op_arrived.load(), options_.size, false);
+           " for " + std::to_string((now - st.op_since_ns.load()) / 1'000'000) + " ms";
+      if (st.op_data_phase.load() != 0)
+        s += " (its data phase: the frames of every worker arrived)";
+      else
+        s += ", arrived " + ranks_of(st.op_arrived.load(), options_.size, true) + ", missing " +
+             ranks_of(st.op_arrived.load(), options_.size, false);
+    }
   }
   return s;
 }
@@ -255,8 +259,9 @@ RingWait TensorParallelExecutor::reply_wait(int rank, int64_t deadline_ns) {
       std::lock_guard<std::mutex> lock(mu_);
       ++soft_reports_;
     }
-    std::fprintf(stderr, "tandem: tensor-parallel step %lld: the engine core (reader) waits for the reply of worker %d: %s; %s\n",
-                 static_cast<long long>(step_id_), rank, describe_workers(missing).c_str(), ring_report.c_str());
+    std::fprintf(stderr, "tandem: tensor-parallel step %lld: the engine core (reader) waits for the reply of worker %d: %s; %s; %s\n",
+                 static_cast<long long>(step_id_), rank, describe_workers(missing).c_str(), ring_report.c_str(),
+                 steps_ ? steps_->dump().c_str() : "");
   };
   return w;
 }
@@ -294,7 +299,7 @@ void TensorParallelExecutor::forward(const Batch& batch, float* logits) {
   waiting_since_ns_.store(start);
   const int64_t deadline = start + options_.timeout_ms * 1'000'000;
   replied_mask_ = 0;
-  std::string own_error, voted_error, protocol_error;
+  std::string own_error, others, protocol_error;
   int own_rank = -1;
   try {
     RingWait w = reply_wait(0, deadline);
@@ -316,8 +321,12 @@ void TensorParallelExecutor::forward(const Batch& batch, float* logits) {
         int32_t own = 0;
         if (m.payload.size() >= 4) std::memcpy(&own, m.payload.data(), 4);
         const std::string text(m.payload.begin() + std::min<size_t>(4, m.payload.size()), m.payload.end());
-        if (own != 0 && own_error.empty()) own_error = text, own_rank = r;
-        if (voted_error.empty()) voted_error = text;
+        if (own != 0 && own_error.empty()) {
+          own_error = text;
+          own_rank = r;
+        } else {
+          others += (others.empty() ? "" : "; ") + std::string("worker ") + std::to_string(r) + ": " + text;
+        }
         continue;
       }
       if (r == 0) {
@@ -330,14 +339,19 @@ void TensorParallelExecutor::forward(const Batch& batch, float* logits) {
       }
     }
   } catch (const RingError& e) {
-    protocol_error = "tensor-parallel step " + std::to_string(step) + " failed: " + e.what();
+    uint64_t missing = 0;
+    for (int r = 0; r < options_.size; ++r)
+      if (!((replied_mask_ >> r) & 1)) missing |= uint64_t{1} << r;
+    protocol_error = "tensor-parallel step " + std::to_string(step) + " failed: " + e.what() +
+                     (e.kind() == RingError::Kind::kTimeout ? "; " + describe_workers(missing) : std::string());
   }
   // (Every reply's slot is released by now: the rings may go.)
   waiting_since_ns_.store(0);
   if (!protocol_error.empty()) fail(protocol_error);
   if (!own_error.empty())
-    fail("tensor-parallel step " + std::to_string(step) + " failed on worker " + std::to_string(own_rank) + ": " + own_error);
-  if (!voted_error.empty()) fail("tensor-parallel step " + std::to_string(step) + " failed: " + voted_error);
+    fail("tensor-parallel step " + std::to_string(step) + " failed on worker " + std::to_string(own_rank) + ": " +
+         own_error + (others.empty() ? std::string() : " (after the vote: " + others + ")"));
+  if (!others.empty()) fail("tensor-parallel step " + std::to_string(step) + " failed: " + others);
   std::lock_guard<std::mutex> lock(mu_);
   ++steps_done_;
 }
@@ -407,6 +421,7 @@ TensorParallelSnapshot TensorParallelExecutor::snapshot() const {
     w.op_seq = st.op_seq.load();
     w.op_age_ms = w.op_kind == 0 ? -1 : (now - st.op_since_ns.load()) / 1'000'000;
     w.op_arrived = st.op_arrived.load();
+    w.op_data_phase = st.op_data_phase.load() != 0;
     w.ops = st.ops.load();
     w.gathers = st.gathers.load();
     w.gather_bytes = st.gather_bytes.load();

@@ -63,6 +63,7 @@ struct TensorWorkerSnapshot {
   int64_t heartbeat_age_ms = -1;
   int64_t op_kind = 0, op_seq = 0, op_age_ms = -1;
   uint64_t op_arrived = 0;
+  bool op_data_phase = false;
   int64_t ops = 0, gathers = 0, gather_bytes = 0, gather_ns = 0, consensus_ns = 0;
 };
 

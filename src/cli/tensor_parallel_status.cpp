@@ -28,9 +28,9 @@ nlohmann::json status_json(const TensorParallelSnapshot& s) {
                         {"tensor_gather_bytes", w.gather_bytes},
                         {"tensor_gather_ns", w.gather_ns},
                         {"consensus_ns", w.consensus_ns}};
-    if (w.op_kind != 0)
+    if (w.op_kind != 0 && w.phase == static_cast<int32_t>(WorkerPhase::kInStep))
       j["in_op"] = {{"kind", parallel::op_kind_name(w.op_kind)}, {"seq", w.op_seq}, {"age_ms", w.op_age_ms},
-                    {"arrived_mask", w.op_arrived}};
+                    {"arrived_mask", w.op_arrived}, {"data_phase", w.op_data_phase}};
     workers.push_back(j);
   }
   return {{"size", s.size},

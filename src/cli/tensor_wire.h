@@ -38,6 +38,7 @@ struct alignas(64) WorkerStatus {
   std::atomic<int64_t> op_seq;
   std::atomic<int64_t> op_since_ns;
   std::atomic<uint64_t> op_arrived;     // ranks whose frame of that op has landed
+  std::atomic<int32_t> op_data_phase;   // 1: past the frames, moving the op's data
   std::atomic<int64_t> ops;             // collectives completed (consensus included)
   std::atomic<int64_t> gathers;         // of which tensor gathers
   std::atomic<int64_t> gather_bytes;

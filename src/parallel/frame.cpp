@@ -25,8 +25,8 @@ const char* failure_code_name(int64_t code) {
   return "unknown";
 }
 
-std::string Divergence::message() const {
-  return "data-parallel divergence in step " + std::to_string(step_id) + ", op #" + std::to_string(seq) + " (" +
+std::string Divergence::message(const std::string& group) const {
+  return group + " divergence in step " + std::to_string(step_id) + ", op #" + std::to_string(seq) + " (" +
          op_kind_name(kind) + "): rank " + std::to_string(rank) + " has " + field + "=" + std::to_string(got) +
          " where the other ranks have " + std::to_string(expected);
 }

@@ -59,7 +59,7 @@ struct Divergence {
   int64_t kind = 0;      // the op, as the reference ranks see it
   int64_t step_id = 0;
   int64_t seq = 0;
-  std::string message() const;
+  std::string message(const std::string& group = "data-parallel") const;  // `group` names the kind of group
 };
 
 // What a set of frames says: a divergence (a bug somewhere), ranks that

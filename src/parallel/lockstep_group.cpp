@@ -83,7 +83,7 @@ std::vector<Frame> LockstepGroup::exchange(Frame mine) {
   } catch (const TransportError& e) {
     const uint64_t mask = in_flight().arrived_mask;
     raise(LockstepError(LockstepError::Kind::kTransport, -1, "transport",
-                        "data-parallel group failed in step " + std::to_string(mine.step_id) + ", op #" +
+                        config_.name + " group failed in step " + std::to_string(mine.step_id) + ", op #" +
                             std::to_string(mine.seq) + " (" + op_kind_name(mine.kind) + "): " + e.what() +
                             "; arrived " + ranks_in(mask, size(), true) + ", missing " + ranks_in(mask, size(), false)));
   }
@@ -117,12 +117,12 @@ void LockstepGroup::check(const std::vector<Frame>& all, bool consensus) {
   const FrameVerdict verdict = check_frames(all, checks);
   if (verdict.divergence)
     raise(LockstepError(LockstepError::Kind::kDivergence, verdict.divergence->rank, verdict.divergence->field,
-                        verdict.divergence->message()));
+                        verdict.divergence->message(config_.name)));
   if (verdict.failed_ranks.empty()) return;
   const Frame& ref = all[static_cast<size_t>(rank())];
   const int failed = verdict.failed_ranks[0];
   raise(LockstepError(LockstepError::Kind::kRankFailed, failed, "status",
-                      "data-parallel rank " + std::to_string(failed) + " failed (" +
+                      config_.name + " rank " + std::to_string(failed) + " failed (" +
                           failure_code_name(verdict.failure_code) + ") in step " + std::to_string(ref.step_id) +
                           " at op #" + std::to_string(ref.seq) + " (" + op_kind_name(ref.kind) +
                           "); every rank abandons the step"));
@@ -205,7 +205,7 @@ std::vector<int64_t> LockstepGroup::op_all_to_all(OpKind kind, const void* send,
     // A peer's size is input from the wire: checked before it sizes a buffer.
     if (recv_bytes[static_cast<size_t>(r)] < 0 || recv_bytes[static_cast<size_t>(r)] > (int64_t{1} << 34))
       raise(LockstepError(LockstepError::Kind::kDivergence, r, "data_bytes",
-                          "data-parallel rank " + std::to_string(r) + " announced " +
+                          config_.name + " rank " + std::to_string(r) + " announced " +
                               std::to_string(recv_bytes[static_cast<size_t>(r)]) + " bytes for op " +
                               op_kind_name(static_cast<int64_t>(kind))));
     total_recv += recv_bytes[static_cast<size_t>(r)];
@@ -213,11 +213,23 @@ std::vector<int64_t> LockstepGroup::op_all_to_all(OpKind kind, const void* send,
   recv.resize(static_cast<size_t>(total_recv));
   int64_t largest = 0;
   for (const Frame& f : all) largest = std::max(largest, f.data_bytes);
+  {
+    // Inside the op's data phase (which peers' data arrived is not known here).
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_ = InFlightOp{static_cast<int64_t>(kind), step_id_, seq_ - 1, start_ns, uint64_t{1} << rank(), true};
+  }
+  struct ClearInFlight {
+    LockstepGroup* g;
+    ~ClearInFlight() {
+      std::lock_guard<std::mutex> lock(g->mu_);
+      g->in_flight_ = {};
+    }
+  } clear{this};
   try {
     transport_.all_to_all(send, send_bytes, recv.data(), recv_bytes, largest);
   } catch (const TransportError& e) {
     raise(LockstepError(LockstepError::Kind::kTransport, -1, "transport",
-                        "data-parallel group failed in step " + std::to_string(step_id_) + " moving the data of op " +
+                        config_.name + " group failed in step " + std::to_string(step_id_) + " moving the data of op " +
                             op_kind_name(static_cast<int64_t>(kind)) + ": " + e.what()));
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -98,6 +98,7 @@ struct InFlightOp {
   int64_t seq = 0;
   int64_t since_ns = 0;          // monotonic
   uint64_t arrived_mask = 0;     // ranks whose frame has landed (bit r)
+  bool data_phase = false;       // past the frames, moving the op's data
 };
 
 struct GroupCounters {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "parallel/frame.h"
@@ -21,6 +22,7 @@ struct LockstepConfig {
   int n_expert_layers = 0;  // MoE layers whose experts are sharded (0: no expert parallelism)
   int draft_width = 0;      // speculative tokens drafted per step (0: no drafter)
   int n_tensor_gathers = 0;  // tensor parallelism: all-gathers per step (Model::n_tensor_gathers)
+  std::string name = "data-parallel";  // the kind of group, in error messages
 };
 
 // A rank's own view of its next step (what it scheduled).
