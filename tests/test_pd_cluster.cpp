@@ -317,6 +317,49 @@ TEST(PdClusterDataParallel, TwoPrefillsAndTwoExpertParallelDecodeGroupsServeSixt
   expect_drained(c.port);
 }
 
+// Tensor parallelism on one side of a transfer: a TP instance's KV pool has
+// the single-rank layout (each worker writes its own heads of it, the core
+// registers it whole), so a TP=2 prefill feeds a TP=1 decode and the
+// reverse, KV and recurrent state alike, in both transfer modes.
+struct TpCase {
+  std::string arch, mode, prefill_args, decode_args;
+};
+void PrintTo(const TpCase& c, std::ostream* os) {
+  *os << c.arch << " " << c.mode << " prefill[" << c.prefill_args << "] decode[" << c.decode_args << "]";
+}
+class PdClusterTensorParallel : public ::testing::TestWithParam<TpCase> {};
+
+TEST_P(PdClusterTensorParallel, ATensorParallelSideExchangesKvWithASingleRankOne) {
+  const TpCase& tc = GetParam();
+  Cluster c(1, 1, tc.mode, "--prefill-args '" + tc.prefill_args + "' --decode-args '" + tc.decode_args + "'", 16, tc.arch);
+  Single single(tc.arch);
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  ASSERT_GT(single.port, 0);
+  constexpr int kRequests = 24;
+  EXPECT_EQ(concurrent_mixed_requests_equal(c.port, single.port, kRequests), kRequests) << c.group->log();
+  // The TP side ran every step on its workers, and moved the KV it computed or received.
+  int tp_instances = 0;
+  for (int port : instance_ports(c.port)) {
+    const json dbg = json::parse(httplib::Client("127.0.0.1", port).Get("/debug/parallel")->body, nullptr, false);
+    if (!dbg.is_object() || !dbg.contains("tensor_parallel")) continue;
+    ++tp_instances;
+    EXPECT_GT(dbg["tensor_parallel"].value("steps", 0), 0) << dbg.dump();
+    EXPECT_EQ(dbg["tensor_parallel"].value("failures", -1), 0) << dbg.dump();
+  }
+  EXPECT_EQ(tp_instances, 1);
+  expect_drained(c.port);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sides, PdClusterTensorParallel,
+    ::testing::Values(TpCase{"llama", "write", "--tensor-parallel-size 2", ""},
+                      TpCase{"llama", "read", "", "--tensor-parallel-size 2"},
+                      TpCase{"qwen3next", "write", "", "--tensor-parallel-size 2"},
+                      TpCase{"qwen3next", "read", "--tensor-parallel-size 2", ""}),
+    [](const auto& info) {
+      return info.param.arch + "_" + info.param.mode + (info.param.prefill_args.empty() ? "_Tp1ToTp2" : "_Tp2ToTp1");
+    });
+
 // A decode group loses a rank (kill -9): the router sees the group not
 // ready and stops picking its ranks until the restarted rank re-forms it;
 // requests meanwhile go to the other decode group, and after it to both.

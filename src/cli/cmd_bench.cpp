@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/tensor_parallel.h"
 #include "cli/commands.h"
 #include "cli/loaded_model.h"
 #include "gguf/gguf.h"
@@ -35,6 +36,7 @@ struct BenchArgs {
   bool json = false;
   bool profile = false;
   bool no_interleave = false;
+  TensorParallelOptions tp;
 };
 
 // Peak resident memory of this process so far, in MiB (getrusage reports KiB on Linux).
@@ -99,8 +101,13 @@ void print_profile_json(const char* key, const OpProfile& p) {
 }
 
 void run_bench_model(const BenchArgs& a) {
+  if (a.tp.enabled() && a.profile)
+    throw Error("--profile times the ops of this process's forwards: not with --tensor-parallel-size (the workers run them)");
   LoadOptions load;
   load.interleave_weights = !a.no_interleave;
+  // Tensor parallelism: the whole model as views of the file, for its
+  // per-step bytes (the workers together read them all); nothing paged in.
+  if (a.tp.enabled()) load.prefault = false, load.interleave_weights = false;
   LoadedModel lm = load_model(a.model_path, a.json, load);
   const double load_rss_mib = max_rss_mib();
   Model& model = *lm.model;
@@ -112,7 +119,28 @@ void run_bench_model(const BenchArgs& a) {
   const int64_t blocks_per_seq = (ctx + block_size - 1) / block_size;
   const int64_t n_blocks = blocks_per_seq * std::max(max_batch, 1);
   // A hybrid model's sequences each take a state slot (sequence s: slot s).
-  KvPool kv(model.kv_shape(n_blocks, block_size, kernels::parse_dtype(a.kv_dtype), std::max(max_batch, 1)));
+  std::unique_ptr<TensorParallelDir> tp_dir;
+  if (a.tp.enabled()) tp_dir = std::make_unique<TensorParallelDir>();
+  KvPool kv(model.kv_shape(n_blocks, block_size, kernels::parse_dtype(a.kv_dtype), std::max(max_batch, 1)),
+            tp_dir ? tp_dir->kv_backing() : KvPoolBacking{});
+  std::unique_ptr<TensorParallelExecutor> tp;
+  if (a.tp.enabled()) {
+    TensorParallelOptions o = a.tp;
+    size_tensor_parallel(o, a.model_path, c.n_vocab, std::max<int64_t>({a.n_prompt, max_batch * a.batched_prompt, 1}),
+                         std::max(max_batch, 1), ctx, block_size, a.threads);
+    tp = std::make_unique<TensorParallelExecutor>(o, kv, tp_dir->kv_path());
+  }
+  std::vector<float> scratch_logits;
+  auto forward = [&](const Batch& b, float* logits) {
+    if (logits == nullptr) {
+      scratch_logits.resize(b.logit_rows.size() * static_cast<size_t>(c.n_vocab));
+      logits = scratch_logits.data();
+    }
+    if (tp)
+      tp->forward(b, logits);
+    else
+      model.forward(b, kv, pool, logits);
+  };
   SimpleBlockAllocator alloc(n_blocks);
   std::vector<std::vector<int32_t>> tables;
   for (int i = 0; i < std::max(max_batch, 1); ++i) tables.push_back(alloc.allocate(blocks_per_seq));
@@ -131,14 +159,14 @@ void run_bench_model(const BenchArgs& a) {
     // prompt on small F16).
     Batch b;
     b.add_sequence(prompt, 0, tables[0], true, 0);
-    model.forward(b, kv, pool);
+    forward(b, nullptr);
   }
   if (a.profile) model.set_profile(&r.pp_profile);
   for (int rep = 0; rep < a.repeats; ++rep) {
     Batch b;
     b.add_sequence(prompt, 0, tables[0], true, 0);
     Stopwatch sw;
-    model.forward(b, kv, pool);
+    forward(b, nullptr);
     runs.push_back(a.n_prompt / sw.elapsed_s());
   }
   r.pp_tps = median(runs);
@@ -153,7 +181,7 @@ void run_bench_model(const BenchArgs& a) {
     for (int i = 0; i < a.n_gen; ++i) {
       Batch b;
       b.add_sequence(std::span<const int32_t>(gen).subspan(static_cast<size_t>(i), 1), i, tables[0], true, 0);
-      model.forward(b, kv, pool, logits.data());
+      forward(b, logits.data());
     }
     runs.push_back(a.n_gen / sw.elapsed_s());
   }
@@ -169,7 +197,7 @@ void run_bench_model(const BenchArgs& a) {
       for (int s = 0; s < n_seq; ++s)
         pre.add_sequence(bench_tokens(a.batched_prompt, c.n_vocab, 100 + static_cast<uint64_t>(s)), 0,
                          tables[static_cast<size_t>(s)], true, s);
-      model.forward(pre, kv, pool, blogits.data());
+      forward(pre, blogits.data());
       if (a.profile && n_seq == max_batch) model.set_profile(&r.batched_profile);
       Stopwatch sw;
       for (int step = 0; step < a.batched_steps; ++step) {
@@ -178,7 +206,7 @@ void run_bench_model(const BenchArgs& a) {
           const int32_t tok[] = {static_cast<int32_t>((step * 31 + s * 7) % c.n_vocab)};
           b.add_sequence(tok, a.batched_prompt + step, tables[static_cast<size_t>(s)], true, s);
         }
-        model.forward(b, kv, pool, blogits.data());
+        forward(b, blogits.data());
       }
       runs.push_back(static_cast<double>(n_seq) * a.batched_steps / sw.elapsed_s());
       model.set_profile(nullptr);
@@ -193,8 +221,9 @@ void run_bench_model(const BenchArgs& a) {
 
   const std::string dtype = kernels::dtype_name(model.weight_dtype());
   if (a.json) {
-    std::printf("{\"model\": \"%s\", \"arch\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"isa\": \"%s\", ",
-                a.model_path.c_str(), c.arch.c_str(), dtype.c_str(), pool.size(),
+    std::printf("{\"model\": \"%s\", \"arch\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"tensor_parallel\": %d, "
+                "\"isa\": \"%s\", ",
+                a.model_path.c_str(), c.arch.c_str(), dtype.c_str(), pool.size(), a.tp.size,
                 kernels::isa_name(kernels::active_isa()).c_str());
     std::printf("\"pp%d_tps\": %.2f, \"tg%d_tps\": %.2f, \"batched_decode_tps\": {", a.n_prompt, r.pp_tps, a.n_gen,
                 r.tg_tps);
@@ -212,9 +241,9 @@ void run_bench_model(const BenchArgs& a) {
     std::printf("}\n");
     return;
   }
-  std::printf("model: %s (%s, %s, %lld layers, hidden %lld), %d threads, isa %s\n", a.model_path.c_str(),
-              c.arch.c_str(), dtype.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
-              pool.size(), kernels::isa_name(kernels::active_isa()).c_str());
+  std::printf("model: %s (%s, %s, %lld layers, hidden %lld), %d threads, tensor-parallel size %d, isa %s\n",
+              a.model_path.c_str(), c.arch.c_str(), dtype.c_str(), static_cast<long long>(c.n_layer),
+              static_cast<long long>(c.n_embd), pool.size(), a.tp.size, kernels::isa_name(kernels::active_isa()).c_str());
   std::printf("%-28s %12s\n", "test", "tokens/s");
   std::printf("%-28s %12.2f\n", ("pp" + std::to_string(a.n_prompt) + " (batch 1)").c_str(), r.pp_tps);
   std::printf("%-28s %12.2f\n", ("tg" + std::to_string(a.n_gen) + " (batch 1)").c_str(), r.tg_tps);
@@ -247,6 +276,8 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--batches", a->batches, "Sequence counts for batched decode")->delimiter(',');
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache type")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd->add_flag("--json", a->json, "Print the figures as one JSON object");
+  cmd->add_option("--tensor-parallel-size", a->tp.size, "Worker processes each holding a shard of every matrix")
+      ->check(CLI::Range(1, parallel::kMaxRingReaders));
   cmd->add_flag("--no-interleave", a->no_interleave,
                 "Keep the file's weight layout (to measure what interleaving at load costs and gains)");
   cmd->add_flag("--profile", a->profile,

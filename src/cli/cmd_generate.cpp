@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/demo_model.h"
 #include "cli/loaded_model.h"
+#include "cli/tensor_parallel.h"
 #include "engine/sampler.h"
 #include "kernels/dtype.h"
 #include "util/clock.h"
@@ -28,11 +29,12 @@ struct GenerateArgs {
   int block_size = 16;
   std::string kv_dtype = "f16";
   bool ignore_eos = false;
+  TensorParallelOptions tp;
 };
 
 void run_generate(const GenerateArgs& a) {
   const std::string path = a.model_path.empty() ? ensure_demo_model() : a.model_path;
-  LoadedModel lm = load_model(path);
+  LoadedModel lm = load_model(path, false, a.tp.enabled() ? tensor_parallel_core_load(a.tp.size) : LoadOptions{});
   const ModelConfig& c = lm.model->config();
   ThreadPool pool(a.threads);
   std::vector<int32_t> prompt = lm.tokenizer->encode(a.prompt, /*add_special=*/true, /*parse_special=*/true);
@@ -43,7 +45,24 @@ void run_generate(const GenerateArgs& a) {
                 " exceeds the model's context length " + std::to_string(c.n_ctx_train));
 
   const int64_t n_blocks = (n_ctx + a.block_size - 1) / a.block_size;
-  KvPool kv(lm.model->kv_shape(n_blocks, a.block_size, kernels::parse_dtype(a.kv_dtype), 1));
+  // Tensor parallelism: the pool in a shared file, the forwards on the workers.
+  std::unique_ptr<TensorParallelDir> tp_dir;
+  if (a.tp.enabled()) tp_dir = std::make_unique<TensorParallelDir>();
+  KvPool kv(lm.model->kv_shape(n_blocks, a.block_size, kernels::parse_dtype(a.kv_dtype), 1),
+            tp_dir ? tp_dir->kv_backing() : KvPoolBacking{});
+  std::unique_ptr<TensorParallelExecutor> tp;
+  if (a.tp.enabled()) {
+    TensorParallelOptions o = a.tp;
+    size_tensor_parallel(o, path, c.n_vocab, a.batch_size, 1, n_ctx, a.block_size, a.threads);
+    tp = std::make_unique<TensorParallelExecutor>(o, kv, tp_dir->kv_path());
+  }
+  std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+  auto forward = [&](const Batch& b) {
+    if (tp)
+      tp->forward(b, logits.data());
+    else
+      lm.model->forward(b, kv, pool, logits.data());
+  };
   SimpleBlockAllocator alloc(n_blocks);
   const std::vector<int32_t> table = alloc.allocate(n_blocks);
 
@@ -52,13 +71,12 @@ void run_generate(const GenerateArgs& a) {
 
   // Prefill in chunks of batch_size; only the last chunk asks for logits.
   Stopwatch prefill_sw;
-  std::vector<float> logits;
   for (size_t start = 0; start < prompt.size(); start += static_cast<size_t>(a.batch_size)) {
     const size_t len = std::min(prompt.size() - start, static_cast<size_t>(a.batch_size));
     Batch batch;
     batch.add_sequence(std::span<const int32_t>(prompt).subspan(start, len), static_cast<int32_t>(start), table,
                        start + len == prompt.size(), /*state_slot=*/0);
-    logits = lm.model->forward(batch, kv, pool);
+    forward(batch);
   }
   const double prefill_s = prefill_sw.elapsed_s();
 
@@ -81,7 +99,7 @@ void run_generate(const GenerateArgs& a) {
     Batch batch;
     const int32_t one[] = {tok};
     batch.add_sequence(one, pos++, table, true, /*state_slot=*/0);
-    lm.model->forward(batch, kv, pool, logits.data());
+    forward(batch);
   }
   std::fputs(detok.flush().c_str(), stdout);
   std::fputc('\n', stdout);
@@ -93,8 +111,10 @@ void run_generate(const GenerateArgs& a) {
                static_cast<double>(prompt.size()) / prefill_s);
   // The first sampled token comes from the prefill logits, so decode steps = n_generated - 1.
   const int steps = std::max(n_generated - 1, 0);
-  std::fprintf(stderr, "generation: %d tokens in %.3f s, %.1f tokens/s (%d threads)\n", n_generated, gen_s,
-               steps > 0 ? steps / gen_s : 0.0, pool.size());
+  std::fprintf(stderr, "generation: %d tokens in %.3f s, %.1f tokens/s (%s)\n", n_generated, gen_s,
+               steps > 0 ? steps / gen_s : 0.0,
+               tp ? (std::to_string(a.tp.size) + " tensor-parallel workers").c_str()
+                  : (std::to_string(pool.size()) + " threads").c_str());
 }
 
 }  // namespace
@@ -112,6 +132,8 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--block-size", a->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache type")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-generation tokens");
+  cmd->add_option("--tensor-parallel-size", a->tp.size, "Worker processes each holding a shard of every matrix")
+      ->check(CLI::Range(1, parallel::kMaxRingReaders));
   cmd->callback([a] { run_generate(*a); });
 }
 

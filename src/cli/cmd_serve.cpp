@@ -126,13 +126,7 @@ void run_serve(ServeArgs& a) {
     throw Error("--tensor-parallel-size and --enable-expert-parallel together are not supported: choose one");
   LoadOptions load;
   if (expert_parallel) load.expert_rank = dp_rank, load.expert_ranks = a.dp.size;
-  if (a.tp.enabled()) {
-    // The core only schedules: rank 0's shards as views of the file, nothing
-    // paged in (the workers load their own), and the split checked here.
-    load.tensor_ranks = a.tp.size;
-    load.prefault = false;
-    load.interleave_weights = false;
-  }
+  if (a.tp.enabled()) load = tensor_parallel_core_load(a.tp.size);
   LoadedModel lm = load_model(path, false, load);
   if (expert_parallel && lm.model->n_expert_layers() == 0)
     throw Error("--enable-expert-parallel: " + lm.model->config().arch + " has no expert layers");
@@ -155,29 +149,17 @@ void run_serve(ServeArgs& a) {
   }
   if (a.role == "prefill") a.pd.role = pd::Role::kPrefill;
   if (a.role == "decode") a.pd.role = pd::Role::kDecode;
-  std::string tp_dir;
+  std::unique_ptr<TensorParallelDir> tp_dir;
   if (a.tp.enabled()) {
-    tp_dir = TensorParallelExecutor::make_dir();
-    a.engine.kv_backing = KvPoolBacking{tp_dir + "/kv.pool", true};
+    tp_dir = std::make_unique<TensorParallelDir>();
+    a.engine.kv_backing = tp_dir->kv_backing();
   }
-  struct RemoveDir {
-    const std::string& dir;
-    ~RemoveDir() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
-  } remove_tp_dir{tp_dir};
   EngineCore engine(*lm.model, *lm.tokenizer, a.engine);
   std::unique_ptr<TensorParallelExecutor> tp;
   if (a.tp.enabled()) {
-    a.tp.model_path = path;
-    a.tp.max_num_batched_tokens = a.engine.max_num_batched_tokens;
-    a.tp.max_num_seqs = a.engine.max_num_seqs;
-    a.tp.max_model_len = engine.max_model_len();
-    a.tp.block_size = a.engine.block_size;
-    a.tp.n_vocab = lm.model->config().n_vocab;
-    if (a.tp.threads_per_worker == 0 && a.engine.threads > 0) a.tp.threads_per_worker = std::max(1, a.engine.threads / a.tp.size);
-    tp = std::make_unique<TensorParallelExecutor>(a.tp, engine.kv_pool(), a.engine.kv_backing.shared_path);
+    size_tensor_parallel(a.tp, path, lm.model->config().n_vocab, a.engine.max_num_batched_tokens, a.engine.max_num_seqs,
+                         engine.max_model_len(), a.engine.block_size, a.engine.threads);
+    tp = std::make_unique<TensorParallelExecutor>(a.tp, engine.kv_pool(), tp_dir->kv_path());
     engine.set_executor(tp.get());
   }
   if (engine.metrics().prefix_caching_off_for_recurrent_state)

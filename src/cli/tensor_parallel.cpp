@@ -17,6 +17,7 @@
 #include "cli/child_process.h"
 #include "kernels/dtype.h"
 #include "parallel/frame.h"
+#include "transport/shm_frames.h"
 #include "util/clock.h"
 #include "util/error.h"
 
@@ -72,13 +73,36 @@ const char* phase_name(int32_t p) {
 
 }  // namespace
 
-std::string TensorParallelExecutor::make_dir() {
+TensorParallelDir::TensorParallelDir() {
   static std::atomic<int> counter{0};
   const std::string base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : std::filesystem::temp_directory_path().string();
-  const std::string dir = base + "/tandem-tp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
+  path_ = base + "/tandem-tp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  std::filesystem::remove_all(path_);
+  std::filesystem::create_directories(path_);
+}
+
+TensorParallelDir::~TensorParallelDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+LoadOptions tensor_parallel_core_load(int size) {
+  LoadOptions o;
+  o.tensor_ranks = size;
+  o.prefault = false;
+  o.interleave_weights = false;
+  return o;
+}
+
+void size_tensor_parallel(TensorParallelOptions& o, const std::string& model_path, int64_t n_vocab, int64_t max_tokens,
+                          int64_t max_seqs, int64_t max_len, int block_size, int threads) {
+  o.model_path = model_path;
+  o.n_vocab = n_vocab;
+  o.max_num_batched_tokens = max_tokens;
+  o.max_num_seqs = max_seqs;
+  o.max_model_len = max_len;
+  o.block_size = block_size;
+  if (o.threads_per_worker == 0 && threads > 0) o.threads_per_worker = std::max(1, threads / o.size);
 }
 
 TensorParallelExecutor::TensorParallelExecutor(const TensorParallelOptions& options, const KvPool& kv,
@@ -201,9 +225,12 @@ void TensorParallelExecutor::stop_workers(bool graceful) {
   ready_ = false;
   for (auto& w : workers_) w.replies.reset();
   steps_.reset();
+  // The group's rendezvous files, and its shared-memory frame ring (which
+  // its rank 0 unlinks once every worker attached, unless the set died first).
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec))
-    if (entry.path().filename().string().rfind("g", 0) == 0) std::filesystem::remove_all(entry.path(), ec);
+  const std::string g = "g" + std::to_string(generation_);
+  ::unlink(ShmFrames::path_for(dir_ + "/" + g, g).c_str());
+  std::filesystem::remove_all(dir_ + "/" + g, ec);
 }
 
 std::string TensorParallelExecutor::dead_worker() {

@@ -32,6 +32,7 @@
 #include "cli/tensor_wire.h"
 #include "engine/model_executor.h"
 #include "kv/kv_pool.h"
+#include "model/model.h"
 #include "parallel/broadcast_ring.h"
 #include "server/http_server.h"
 
@@ -83,6 +84,34 @@ struct TensorParallelSnapshot {
   std::vector<TensorWorkerSnapshot> workers;
 };
 
+// A fresh directory for a TP instance's shared files (the KV pool, the
+// rings, the status page; in /dev/shm), removed with everything in it when
+// this goes.
+class TensorParallelDir {
+ public:
+  TensorParallelDir();
+  ~TensorParallelDir();
+  TensorParallelDir(const TensorParallelDir&) = delete;
+  TensorParallelDir& operator=(const TensorParallelDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string kv_path() const { return path_ + "/kv.pool"; }
+  KvPoolBacking kv_backing() const { return KvPoolBacking{kv_path(), true}; }
+
+ private:
+  std::string path_;
+};
+
+// How the engine core loads the model under tensor parallelism: rank 0's
+// shards as views of the file (which checks the split), nothing paged in or
+// copied (the workers load their own).
+LoadOptions tensor_parallel_core_load(int size);
+
+// The executor's sizes for a command: `size` workers of `model_path`, steps
+// of up to max_tokens tokens over max_seqs sequences of max_len, `threads`
+// compute threads in all (0: every core), split among the workers.
+void size_tensor_parallel(TensorParallelOptions& o, const std::string& model_path, int64_t n_vocab, int64_t max_tokens,
+                          int64_t max_seqs, int64_t max_len, int block_size, int threads);
+
 class TensorParallelExecutor : public ModelExecutor {
  public:
   // `kv`: the engine's pool, backed by `kv_path` (KvPoolBacking). Starts the
@@ -95,8 +124,6 @@ class TensorParallelExecutor : public ModelExecutor {
   void idle() override;
   TensorParallelSnapshot snapshot() const;
 
-  // A fresh directory for a TP instance's shared files (the KV pool, rings, status).
-  static std::string make_dir();
 
  private:
   struct Worker {
