@@ -173,6 +173,7 @@ void run_bench_model(const BenchArgs& a) {
 
   progress("generation");
   runs.clear();
+  const TensorParallelSnapshot tp_before = tp ? tp->snapshot() : TensorParallelSnapshot{};
   const std::vector<int32_t> gen = bench_tokens(a.n_gen, c.n_vocab, 2);
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   if (a.profile) model.set_profile(&r.tg_profile);
@@ -187,6 +188,25 @@ void run_bench_model(const BenchArgs& a) {
   }
   r.tg_tps = median(runs);
   model.set_profile(nullptr);
+  if (tp && !a.json) {
+    // Where a decode step's time goes: the core's wait for the step, the
+    // workers' time in it, and their collectives inside it.
+    const TensorParallelSnapshot s = tp->snapshot();
+    const double steps = static_cast<double>(s.steps - tp_before.steps);
+    const auto per_step_us = [&](int64_t now, int64_t before) { return static_cast<double>(now - before) / steps / 1e3; };
+    const double core_us = per_step_us(s.forward_ns, tp_before.forward_ns);
+    std::printf("tensor parallel, decode step (batch 1): %.1f us in the core (the step as the engine sees it)\n", core_us);
+    for (size_t w = 0; w < s.workers.size(); ++w) {
+      const TensorWorkerSnapshot &x = s.workers[w], &y = tp_before.workers[w];
+      const double step_us = per_step_us(x.step_ns, y.step_ns), gather_us = per_step_us(x.gather_ns, y.gather_ns),
+                   cons_us = per_step_us(x.consensus_ns, y.consensus_ns);
+      std::printf("  worker %zu: %.1f us in the step, of which %.1f us (%.0f%%) in %.0f gathers and %.1f us in the "
+                  "consensus; ring and hand-off %.1f us (%.0f%%)\n",
+                  w, step_us, gather_us, 100.0 * gather_us / core_us,
+                  static_cast<double>(x.gathers - y.gathers) / steps, cons_us, core_us - step_us,
+                  100.0 * (core_us - step_us) / core_us);
+    }
+  }
 
   for (int n_seq : a.batches) {
     progress(("batched decode x" + std::to_string(n_seq)).c_str());
@@ -327,6 +347,7 @@ void add_bench(CLI::App& app) {
   add_bench_transfer(*bench);
   add_bench_router(*bench);
   add_bench_lockstep(*bench);
+  add_bench_ring(*bench);
 }
 
 }  // namespace tandem::cli

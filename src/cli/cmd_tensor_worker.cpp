@@ -126,21 +126,25 @@ int run_worker(const WorkerArgs& a) {
   // so a parked worker (heartbeat moving, op stuck) can be told from a
   // frozen one (heartbeat stuck).
   std::atomic<bool> done{false};
+  // The group's counters, exact at the end of every step (stored before the
+  // reply is published, so the core reads them with the reply).
+  const auto store_counters = [&] {
+    const parallel::GroupCounters c = group->counters();
+    me.ops.store(c.ops);
+    const auto& tg = c.by_kind[static_cast<size_t>(parallel::OpKind::kTensorGather)];
+    me.gathers.store(tg.count);
+    me.gather_bytes.store(tg.bytes);
+    me.gather_ns.store(tg.total_ns);
+    me.consensus_ns.store(c.by_kind[static_cast<size_t>(parallel::OpKind::kStepConsensus)].total_ns);
+  };
   std::thread status_thread([&] {
     while (!done.load()) {
       const parallel::InFlightOp op = group->in_flight();
-      const parallel::GroupCounters c = group->counters();
       me.op_kind.store(op.kind);
       me.op_seq.store(op.seq);
       me.op_since_ns.store(op.since_ns);
       me.op_arrived.store(op.arrived_mask);
       me.op_data_phase.store(op.data_phase ? 1 : 0);
-      me.ops.store(c.ops);
-      const auto& tg = c.by_kind[static_cast<size_t>(parallel::OpKind::kTensorGather)];
-      me.gathers.store(tg.count);
-      me.gather_bytes.store(tg.bytes);
-      me.gather_ns.store(tg.total_ns);
-      me.consensus_ns.store(c.by_kind[static_cast<size_t>(parallel::OpKind::kStepConsensus)].total_ns);
       me.heartbeat_ns.store(monotonic_ns());
       std::this_thread::sleep_for(std::chrono::milliseconds(kHeartbeatMs));
     }
@@ -190,6 +194,7 @@ int run_worker(const WorkerArgs& a) {
     }  // the slot is released before the step runs
     me.step_id.store(step);
     me.phase.store(static_cast<int32_t>(WorkerPhase::kInStep));
+    const int64_t step_start_ns = monotonic_ns();
     try {
       try {
         parallel::StepHeader h;
@@ -220,12 +225,14 @@ int run_worker(const WorkerArgs& a) {
       reply_failed(*replies, step, e.rank() == a.rank, who + ": " + e.what());
       return 1;
     }
+    store_counters();
+    me.step_ns.store(me.step_ns.load() + monotonic_ns() - step_start_ns);
+    me.steps_done.store(me.steps_done.load() + 1);
+    me.phase.store(static_cast<int32_t>(WorkerPhase::kIdle));
     const auto* p = reinterpret_cast<const uint8_t*>(logits.data());
     reply(*replies, step, ReplyKind::kDone,
           a.rank == 0 ? std::span<const uint8_t>(p, logits.size() * sizeof(float)) : std::span<const uint8_t>());
     last = step;
-    me.steps_done.store(me.steps_done.load() + 1);
-    me.phase.store(static_cast<int32_t>(WorkerPhase::kIdle));
   }
 }
 

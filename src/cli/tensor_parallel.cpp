@@ -381,6 +381,7 @@ void TensorParallelExecutor::forward(const Batch& batch, float* logits) {
   if (!others.empty()) fail("tensor-parallel step " + std::to_string(step) + " failed: " + others);
   std::lock_guard<std::mutex> lock(mu_);
   ++steps_done_;
+  forward_ns_ += monotonic_ns() - start;
 }
 
 void TensorParallelExecutor::idle() {
@@ -429,6 +430,7 @@ TensorParallelSnapshot TensorParallelExecutor::snapshot() const {
   s.failures = failures_;
   s.restarts = restarts_;
   s.soft_deadline_reports = soft_reports_;
+  s.forward_ns = forward_ns_;
   const int64_t since = waiting_since_ns_.load();
   s.waiting_since_ms = since == 0 ? -1 : (now - since) / 1'000'000;
   s.last_error = last_error_;
@@ -454,6 +456,7 @@ TensorParallelSnapshot TensorParallelExecutor::snapshot() const {
     w.gather_bytes = st.gather_bytes.load();
     w.gather_ns = st.gather_ns.load();
     w.consensus_ns = st.consensus_ns.load();
+    w.step_ns = st.step_ns.load();
     s.workers.push_back(w);
   }
   return s;

@@ -65,7 +65,7 @@ struct TensorWorkerSnapshot {
   int64_t op_kind = 0, op_seq = 0, op_age_ms = -1;
   uint64_t op_arrived = 0;
   bool op_data_phase = false;
-  int64_t ops = 0, gathers = 0, gather_bytes = 0, gather_ns = 0, consensus_ns = 0;
+  int64_t ops = 0, gathers = 0, gather_bytes = 0, gather_ns = 0, consensus_ns = 0, step_ns = 0;
 };
 
 struct TensorParallelSnapshot {
@@ -78,6 +78,7 @@ struct TensorParallelSnapshot {
   int64_t failures = 0;
   int64_t restarts = 0;
   int64_t soft_deadline_reports = 0;
+  int64_t forward_ns = 0;         // the core's time in forward(): the steps as it sees them
   int64_t waiting_since_ms = -1;  // the core waits for replies since (ms ago; -1: not waiting)
   std::string last_error;
   parallel::RingCounters ring;
@@ -153,7 +154,7 @@ class TensorParallelExecutor : public ModelExecutor {
   bool ready_ = false;
   int generation_ = 0;
   std::string last_error_;
-  int64_t failures_ = 0, restarts_ = 0, steps_done_ = 0, soft_reports_ = 0;
+  int64_t failures_ = 0, restarts_ = 0, steps_done_ = 0, soft_reports_ = 0, forward_ns_ = 0;
   std::atomic<int64_t> waiting_since_ns_{0};
   int64_t next_restart_ns_ = 0;
 };

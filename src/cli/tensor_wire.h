@@ -44,6 +44,7 @@ struct alignas(64) WorkerStatus {
   std::atomic<int64_t> gather_bytes;
   std::atomic<int64_t> gather_ns;
   std::atomic<int64_t> consensus_ns;
+  std::atomic<int64_t> step_ns;         // in steps: from reading the message to publishing the reply
 };
 inline constexpr int kHeartbeatMs = 50;
 
