@@ -52,11 +52,13 @@ kernels::WeightMatrix slice_rows(const kernels::WeightMatrix& w, int64_t begin, 
 
 void pack_columns(const float* buf, int64_t n, int64_t ld, int64_t b0, int64_t b1, float* out) {
   const int64_t w = b1 - b0;
+  if (w == 0) return;
   for (int64_t t = 0; t < n; ++t) std::memcpy(out + t * w, buf + t * ld + b0, static_cast<size_t>(w) * sizeof(float));
 }
 
 void unpack_columns(const float* in, int64_t n, int64_t ld, int64_t b0, int64_t b1, float* buf) {
   const int64_t w = b1 - b0;
+  if (w == 0) return;
   for (int64_t t = 0; t < n; ++t) std::memcpy(buf + t * ld + b0, in + t * w, static_cast<size_t>(w) * sizeof(float));
 }
 
