@@ -289,7 +289,15 @@ void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
   ws.expert_gate.resize(size(n * K, F));
   ws.expert_up.resize(size(n * K, F));
   ws.expert_out.resize(size(n * K, E));
-  const int64_t Fs = w.has_shared ? w.shared_gate.rows : 0;
+  // Tensor parallelism: this rank's block of every expert's width (f0) and
+  // of the model width (e0), into the whole-width buffers, gathered after
+  // gate/up and after down (tensor_parallel.h).
+  const bool split = pass.split();
+  const TensorShards* tp = split ? pass.tp : nullptr;
+  const int64_t f0 = tp ? TensorShards::begin(tp->ff_exp_cols, tp->rank) : 0;
+  const int64_t fs0 = tp ? TensorShards::begin(tp->ff_shexp_cols, tp->rank) : 0;
+  const int64_t e0 = tp ? TensorShards::begin(tp->embd_cols, tp->rank) : 0;
+  const int64_t Fs = !w.has_shared ? 0 : tp ? tp->ff_shexp_cols.back() : w.shared_gate.rows;
   ws.shared_gate_up.resize(size(2 * n, Fs));
   float* sg = ws.shared_gate_up.data();
   float* su = sg + n * Fs;
@@ -304,13 +312,14 @@ void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
       const auto [first, count] = rows_of(e);
       if (count == 0) continue;
       const float* in = n > 1 ? ws.expert_in.data() + first * E : xn;
-      ws.expert_tasks.push_back({{&w.gate[static_cast<size_t>(e)], ws.expert_gate.data() + first * F, F}, {in, E}, count});
-      ws.expert_tasks.push_back({{&w.up[static_cast<size_t>(e)], ws.expert_up.data() + first * F, F}, {in, E}, count});
+      ws.expert_tasks.push_back({{&w.gate[static_cast<size_t>(e)], ws.expert_gate.data() + first * F + f0, F}, {in, E}, count});
+      ws.expert_tasks.push_back({{&w.up[static_cast<size_t>(e)], ws.expert_up.data() + first * F + f0, F}, {in, E}, count});
     }
     // The shared expert runs every row: in the same region when its width is the experts'.
-    if (w.has_shared && Fs == F) {
-      ws.expert_tasks.push_back({{&w.shared_gate, sg, Fs}, {xn, E}, n});
-      ws.expert_tasks.push_back({{&w.shared_up, su, Fs}, {xn, E}, n});
+    const bool shared_with_experts = w.has_shared && w.shared_gate.rows == w.gate[0].rows;
+    if (shared_with_experts) {
+      ws.expert_tasks.push_back({{&w.shared_gate, sg + fs0, Fs}, {xn, E}, n});
+      ws.expert_tasks.push_back({{&w.shared_up, su + fs0, Fs}, {xn, E}, n});
     }
     // SwiGLU in the epilogue: each thread computes the same rows of an expert's gate and up.
     auto swiglu = [&](size_t index, int64_t b, int64_t e) {
@@ -321,16 +330,22 @@ void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
       for (int64_t t = 0; t < up.n_tokens; ++t) kernels::silu_mul(g + t * ld + b, up.out.y + t * ld + b, e - b);
     };
     kernels::matmul_tasks(ws.expert_tasks, pass.pool, kernels::MatmulSplit{.same_rows = true}, swiglu);
-    if (w.has_shared && Fs != F) {
-      const kernels::MatmulOutput shared[] = {{&w.shared_gate, sg, Fs}, {&w.shared_up, su, Fs}};
+    if (w.has_shared && !shared_with_experts) {
+      float* g = sg + fs0;
+      float* u = su + fs0;
+      const kernels::MatmulOutput shared[] = {{&w.shared_gate, g, Fs}, {&w.shared_up, u, Fs}};
       kernels::matmul(shared, kernels::MatmulInput{xn, E}, n, pass.pool, kernels::MatmulSplit{.same_rows = true},
                       [&](size_t index, int64_t b, int64_t e) {
                         if (index == 1)
-                          for (int64_t t = 0; t < n; ++t) kernels::silu_mul(sg + t * Fs + b, su + t * Fs + b, e - b);
+                          for (int64_t t = 0; t < n; ++t) kernels::silu_mul(g + t * Fs + b, u + t * Fs + b, e - b);
                       });
     }
     if (pass.prof != nullptr)
       for (const kernels::MatmulTask& t : ws.expert_tasks) pass.account(Op::kGateUp, {t.out.w}, t.n_tokens);
+  }
+  if (split) {
+    pass.gather_columns(ws.expert_gate.data(), n * K, F, pass.tp->ff_exp_cols);
+    if (w.has_shared) pass.gather_columns(sg, n, Fs, pass.tp->ff_shexp_cols);
   }
   {
     OpTimer timer(pass.prof, Op::kDown);
@@ -338,15 +353,19 @@ void run_expert_ffn(ForwardPass& pass, const ExpertFfnWeights& w) {
     for (int64_t e = 0; e < X; ++e) {
       const auto [first, count] = rows_of(e);
       if (count == 0) continue;
-      ws.expert_tasks.push_back({{&w.down[static_cast<size_t>(e)], ws.expert_out.data() + first * E, E},
+      ws.expert_tasks.push_back({{&w.down[static_cast<size_t>(e)], ws.expert_out.data() + first * E + e0, E},
                                  {ws.expert_gate.data() + first * F, F},
                                  count});
     }
     ws.shared_out.resize(size(n, E));
-    if (w.has_shared) ws.expert_tasks.push_back({{&w.shared_down, ws.shared_out.data(), E}, {sg, Fs}, n});
+    if (w.has_shared) ws.expert_tasks.push_back({{&w.shared_down, ws.shared_out.data() + e0, E}, {sg, Fs}, n});
     kernels::matmul_tasks(ws.expert_tasks, pass.pool, kernels::MatmulSplit{.same_rows = true});
     if (pass.prof != nullptr)
       for (const kernels::MatmulTask& t : ws.expert_tasks) pass.account(Op::kDown, {t.out.w}, t.n_tokens);
+  }
+  if (split) {
+    pass.gather_columns(ws.expert_out.data(), n * K, E, pass.tp->embd_cols);
+    if (w.has_shared) pass.gather_columns(ws.shared_out.data(), n, E, pass.tp->embd_cols);
   }
   add_expert_outputs(pass, w);
 }

@@ -101,6 +101,14 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
         const int64_t first = first_expert_of(options.expert_rank, c.n_expert, options.expert_ranks);
         const int64_t end = first_expert_of(options.expert_rank + 1, c.n_expert, options.expert_ranks);
         layer.experts = load_expert_ffn(f, p, c, first, end - first);
+        for (WeightMatrix& m : layer.experts.gate) shard(m, tp.ff_exp_cols);
+        for (WeightMatrix& m : layer.experts.up) shard(m, tp.ff_exp_cols);
+        for (WeightMatrix& m : layer.experts.down) shard(m, tp.embd_cols);
+        if (layer.experts.has_shared) {
+          shard(layer.experts.shared_gate, tp.ff_shexp_cols);
+          shard(layer.experts.shared_up, tp.ff_shexp_cols);
+          shard(layer.experts.shared_down, tp.embd_cols);
+        }
         break;
       }
     }
@@ -360,7 +368,8 @@ int Model::n_tensor_gathers() const {
   int n = 1;  // the vocabulary projection
   for (const Layer& layer : layers_) {
     n += layer.plan.mixer == MixerKind::kFullAttention ? 2 : 1;
-    n += layer.plan.ffn == FfnKind::kDense ? 2 : 0;
+    if (layer.plan.ffn == FfnKind::kDense) n += 2;
+    if (layer.plan.ffn == FfnKind::kExperts) n += layer.experts.has_shared ? 4 : 2;
   }
   return n;
 }

@@ -37,6 +37,8 @@ TensorShards tensor_shards(const ModelConfig& c, int rank, int size) {
   s.embd_cols = split_bounds(c.n_embd, kernels::kPanelRows, size);
   s.ff_cols = split_bounds(c.n_ff, kernels::kPanelRows, size);
   s.vocab_cols = split_bounds(c.n_vocab, kernels::kPanelRows, size);
+  s.ff_exp_cols = split_bounds(c.n_ff_exp, kernels::kPanelRows, size);
+  s.ff_shexp_cols = split_bounds(c.n_ff_shexp > 0 ? c.n_ff_shexp : c.n_ff, kernels::kPanelRows, size);
   s.rank0_embd.assign(static_cast<size_t>(size) + 1, c.n_embd);
   s.rank0_embd[0] = 0;
   return s;

@@ -13,15 +13,18 @@
 //  - gate and up: a block of the FFN width, SwiGLU local; gather 3;
 //  - down: a block of the model width; gather 4; the residual adds are
 //    replicated (the same adds in the same order on every rank);
+//  - each routed expert (and the shared one) as a dense FFN: gate and up by a
+//    block of its width, down by a block of the model width; one gather of
+//    every routed row's activation and one of their outputs (two more for
+//    the shared expert); the router and the weighted sum are replicated;
 //  - the vocabulary projection: a block of the vocabulary, gathered to rank
 //    0 only (which samples).
 // A row split joined by an all-reduce would move less (one reduction per
 // pair of matrices) but adds partial sums in the collective's order, which is
-// not the single-rank order. The MoE layers' experts and router run
-// replicated on every rank (their weights on every rank); a gated delta-net
-// layer runs on rank 0 alone, which then broadcasts its output (gather with
-// every column on rank 0), since its recurrent state lives in one place in
-// the pool (DESIGN: the state moves with the KV for P/D).
+// not the single-rank order. A gated delta-net layer runs on rank 0 alone,
+// which then broadcasts its output (a gather with every column on rank 0),
+// since its recurrent state lives in one place in the pool (the state moves
+// with the KV for P/D); splitting it by heads is later work.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +47,8 @@ struct TensorShards {
   ColumnBounds embd_cols;   // over n_embd
   ColumnBounds ff_cols;     // over n_ff
   ColumnBounds vocab_cols;  // over n_vocab
+  ColumnBounds ff_exp_cols;    // over n_ff_exp (each routed expert's width)
+  ColumnBounds ff_shexp_cols;  // over the shared expert's width
   ColumnBounds rank0_embd;  // every column of n_embd on rank 0 (the delta-net broadcast)
   bool active() const { return size > 1; }
   static int64_t begin(const ColumnBounds& b, int r) { return b[static_cast<size_t>(r)]; }

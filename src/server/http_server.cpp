@@ -217,6 +217,10 @@ void HttpServer::install_routes() {
       send_json(res, 503, {{"status", "draining"}});
       return;
     }
+    // Not ready (a group not formed, tensor-parallel workers restarting):
+    // said at once, whatever the loop is doing meanwhile.
+    std::string why;
+    if (!engine_.ready(&why)) return send_json(res, 503, {{"status", why}});
     // Healthy only if the engine loop itself ticks within the bound (an idle
     // loop wakes up every idle_wait_ms).
     const uint64_t before = engine_.heartbeat();
@@ -227,7 +231,6 @@ void HttpServer::install_routes() {
       send_json(res, 503, {{"status", "engine loop did not answer within " + std::to_string(config_.health_timeout_ms) + " ms"}});
       return;
     }
-    std::string why;
     if (!engine_.ready(&why)) return send_json(res, 503, {{"status", why}});
     send_json(res, 200, {{"status", "ok"}});
   });
