@@ -86,9 +86,11 @@ TEST(BroadcastRing, TheWriterNeverOverwritesASlotAReaderStillHolds) {
   writer->publish(1001, 0, message_of(1, 64), quick_wait());
   BroadcastRing::ReadGuard held = reader->read(quick_wait());  // holds slot 0 (seq 0)
   // The ring is full: the third message needs slot 0, which is held.
+  std::vector<std::string> reports;
   RingWait short_wait;
-  short_wait.soft_deadline_ms = 0;
+  short_wait.soft_deadline_ms = 30;
   short_wait.hard_deadline_ms = 100;
+  short_wait.report = [&](const std::string& m) { reports.push_back(m); };
   try {
     writer->publish(1002, 0, message_of(2, 64), short_wait);
     FAIL() << "published over a held slot";
@@ -99,6 +101,11 @@ TEST(BroadcastRing, TheWriterNeverOverwritesASlotAReaderStillHolds) {
     EXPECT_NE(what.find("slot 0 (message seq 2)"), std::string::npos) << what;
     EXPECT_NE(what.find("reader(s) 0 (read 0)"), std::string::npos) << what;
   }
+  // The writer's side reported once past its soft deadline, with the dump.
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_NE(reports[0].find("the writer (pid " + std::to_string(::getpid()) + ") waits for slot 0"), std::string::npos)
+      << reports[0];
+  EXPECT_NE(reports[0].find("slots (seq held): 0 1"), std::string::npos) << reports[0];
   EXPECT_TRUE(intact(held.message(), 64));
   held.release();
   writer->publish(1002, 0, message_of(2, 64), quick_wait());  // now it fits

@@ -350,7 +350,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
     kernels::rms_norm(ws_.x.data() + row * E, E, output_norm_, ws_.logits_in.data() + i * E, E, 1, E, c.rms_eps);
   }
   // Split: this rank's block of the vocabulary, gathered to rank 0.
-  const int64_t v0 = TensorShards::begin(shards_.vocab_cols, shards_.rank) * (pass.split() ? 1 : 0);
+  const int64_t v0 = TensorShards::begin(shards_.vocab_cols, shards_.rank);  // (0 unless split)
   if (n_out > 0 && output_.rows > 0) kernels::matmul(output_, ws_.logits_in.data(), E, n_out, logits + v0, c.n_vocab, pool);
   pass.account(Op::kLmHead, {&output_}, n_out);
   pass.gather_columns(logits, n_out, c.n_vocab, shards_.vocab_cols, 0);
