@@ -15,6 +15,7 @@
 #include "parallel/lockstep_group.h"
 #include "transport/gloo_transport.h"
 #include "util/clock.h"
+#include "util/percentile.h"
 
 namespace tandem::cli {
 namespace {
@@ -26,11 +27,6 @@ struct LockstepBenchArgs {
   int row_floats = 1024;  // the model width (small presets: 1024)
   bool shm = false;       // control frames through shared memory
 };
-
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
 
 void run(const LockstepBenchArgs& a) {
   const auto dir = std::filesystem::temp_directory_path() / ("tandem-bench-lockstep-" + std::to_string(::getpid()));

@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "parallel/broadcast_ring.h"
 #include "util/clock.h"
+#include "util/percentile.h"
 #include "util/error.h"
 
 namespace tandem::cli {
@@ -24,11 +25,6 @@ struct RingBenchArgs {
   int messages = 20000;
   int bytes = 256;  // a decode step's message (a few sequences' tokens and block tables)
 };
-
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
 
 void run(const RingBenchArgs& a) {
   using parallel::BroadcastRing;

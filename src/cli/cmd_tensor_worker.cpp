@@ -5,8 +5,6 @@
 // every step it reads: the step consensus, the forward with its gathers, the
 // reply. A failure in a step is voted on (every worker raises the same error
 // in the same op), replied, and ends the worker; the core starts a fresh set.
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,6 +26,7 @@
 #include "transport/gloo_transport.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/shared_file.h"
 #include "util/thread_pool.h"
 
 namespace tandem::cli {
@@ -42,11 +41,9 @@ struct WorkerArgs {
 };
 
 WorkerStatus* map_status(const std::string& path, int size) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) throw Error("cannot open the status page " + path);
-  void* p = ::mmap(nullptr, sizeof(WorkerStatus) * static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) throw Error("cannot map the status page " + path);
+  std::string error;
+  void* p = map_shared_file(path, sizeof(WorkerStatus) * static_cast<size_t>(size), false, &error);
+  if (p == nullptr) throw Error("the tensor-parallel status page: " + error);
   return static_cast<WorkerStatus*>(p);
 }
 

@@ -1,9 +1,7 @@
 #include "cli/tensor_parallel.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,9 +15,11 @@
 #include "cli/child_process.h"
 #include "kernels/dtype.h"
 #include "parallel/frame.h"
+#include "parallel/lockstep_group.h"
 #include "transport/shm_frames.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/shared_file.h"
 
 namespace tandem::cli {
 
@@ -32,13 +32,6 @@ namespace {
 constexpr uint32_t kStepSlots = 4;
 constexpr uint32_t kReplySlots = 2;
 constexpr uint64_t kReplyTextBytes = 64 << 10;
-
-std::string ranks_of(uint64_t mask, int size, bool in) {
-  std::string s;
-  for (int r = 0; r < size; ++r)
-    if (((mask >> r) & 1) == (in ? 1u : 0u)) s += (s.empty() ? "" : ",") + std::to_string(r);
-  return "{" + s + "}";
-}
 
 // The process state letter of /proc/<pid>/stat (R, S, D, T, Z, ...), '?' if unknown.
 char process_state(pid_t pid) {
@@ -111,16 +104,9 @@ TensorParallelExecutor::TensorParallelExecutor(const TensorParallelOptions& opti
   TANDEM_ASSERT(options.size >= 2 && options.size <= parallel::kMaxRingReaders && options.n_vocab > 0);
   dir_ = std::filesystem::path(kv_path).parent_path().string();
   status_bytes_ = sizeof(WorkerStatus) * static_cast<size_t>(options.size);
-  const std::string status_path = dir_ + "/status";
-  const int fd = ::open(status_path.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(status_bytes_)) != 0) {
-    if (fd >= 0) ::close(fd);
-    throw Error("cannot create the tensor-parallel status page " + status_path + ": " + std::strerror(errno));
-  }
-  void* p = ::mmap(nullptr, status_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) throw Error("cannot map the tensor-parallel status page");
-  status_ = static_cast<WorkerStatus*>(p);
+  std::string error;
+  status_ = static_cast<WorkerStatus*>(map_shared_file(dir_ + "/status", status_bytes_, true, &error));
+  if (status_ == nullptr) throw Error("the tensor-parallel status page: " + error);
   workers_.resize(static_cast<size_t>(options.size));
   start_workers();
 }
@@ -247,7 +233,7 @@ std::string TensorParallelExecutor::dead_worker() {
   return {};
 }
 
-std::string TensorParallelExecutor::describe_workers(uint64_t missing) const {
+std::string TensorParallelExecutor::describe_workers() const {
   const int64_t now = monotonic_ns();
   std::string s;
   for (int r = 0; r < options_.size; ++r) {
@@ -255,7 +241,7 @@ std::string TensorParallelExecutor::describe_workers(uint64_t missing) const {
     const pid_t pid = workers_[static_cast<size_t>(r)].pid;
     const char ps = process_state(pid);
     s += (r == 0 ? "" : "; ");
-    s += "worker " + std::to_string(r) + ((missing >> r) & 1 ? " (no reply)" : " (replied)") + ": pid " +
+    s += "worker " + std::to_string(r) + ((replied_mask_ >> r) & 1 ? " (replied)" : " (no reply)") + ": pid " +
          std::to_string(pid) + " " + state_word(ps) + ", " + phase_name(st.phase.load()) + ", step " +
          std::to_string(st.step_id.load()) + ", heartbeat " +
          (st.heartbeat_ns.load() == 0 ? std::string("never") : std::to_string((now - st.heartbeat_ns.load()) / 1'000'000) + " ms ago");
@@ -266,8 +252,8 @@ std::string TensorParallelExecutor::describe_workers(uint64_t missing) const {
       if (st.op_data_phase.load() != 0)
         s += " (its data phase: the frames of every worker arrived)";
       else
-        s += ", arrived " + ranks_of(st.op_arrived.load(), options_.size, true) + ", missing " +
-             ranks_of(st.op_arrived.load(), options_.size, false);
+        s += ", arrived " + parallel::ranks_in(st.op_arrived.load(), options_.size, true) + ", missing " +
+             parallel::ranks_in(st.op_arrived.load(), options_.size, false);
     }
   }
   return s;
@@ -279,15 +265,12 @@ RingWait TensorParallelExecutor::reply_wait(int rank, int64_t deadline_ns) {
   w.hard_deadline_ms = std::max<int64_t>(1, (deadline_ns - monotonic_ns()) / 1'000'000);
   w.peer_gone = [this] { return dead_worker(); };
   w.report = [this, rank](const std::string& ring_report) {
-    uint64_t missing = 0;
-    for (int r = 0; r < options_.size; ++r)
-      if (!((replied_mask_ >> r) & 1)) missing |= uint64_t{1} << r;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++soft_reports_;
     }
     std::fprintf(stderr, "tandem: tensor-parallel step %lld: the engine core (reader) waits for the reply of worker %d: %s; %s; %s\n",
-                 static_cast<long long>(step_id_), rank, describe_workers(missing).c_str(), ring_report.c_str(),
+                 static_cast<long long>(step_id_), rank, describe_workers().c_str(), ring_report.c_str(),
                  steps_ ? steps_->dump().c_str() : "");
   };
   return w;
@@ -309,16 +292,8 @@ void TensorParallelExecutor::fail(const std::string& message) {
 void TensorParallelExecutor::forward(const Batch& batch, float* logits) {
   if (!steps_) {
     // A failed set of workers is replaced before the next step runs.
-    try {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ++restarts_;
-      }
-      start_workers();
-    } catch (const std::exception& e) {
-      next_restart_ns_ = monotonic_ns() + 1'000'000'000;
-      throw ExecutorError(std::string("tensor-parallel workers are not running: ") + e.what());
-    }
+    const std::string error = restart_workers();
+    if (!error.empty()) throw ExecutorError("tensor-parallel workers are not running: " + error);
   }
   const int64_t step = ++step_id_;
   const std::vector<uint8_t> bytes = encode_batch(batch);
@@ -366,11 +341,8 @@ void TensorParallelExecutor::forward(const Batch& batch, float* logits) {
       }
     }
   } catch (const RingError& e) {
-    uint64_t missing = 0;
-    for (int r = 0; r < options_.size; ++r)
-      if (!((replied_mask_ >> r) & 1)) missing |= uint64_t{1} << r;
     protocol_error = "tensor-parallel step " + std::to_string(step) + " failed: " + e.what() +
-                     (e.kind() == RingError::Kind::kTimeout ? "; " + describe_workers(missing) : std::string());
+                     (e.kind() == RingError::Kind::kTimeout ? "; " + describe_workers() : std::string());
   }
   // (Every reply's slot is released by now: the rings may go.)
   waiting_since_ns_.store(0);
@@ -397,15 +369,21 @@ void TensorParallelExecutor::idle() {
     return;
   }
   if (monotonic_ns() < next_restart_ns_) return;
+  const std::string error = restart_workers();
+  if (!error.empty()) std::fprintf(stderr, "tandem: %s\n", error.c_str());
+}
+
+std::string TensorParallelExecutor::restart_workers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++restarts_;
+  }
   try {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++restarts_;
-    }
     start_workers();
+    return {};
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tandem: %s\n", e.what());
-    next_restart_ns_ = monotonic_ns() + 1'000'000'000;
+    next_restart_ns_ = monotonic_ns() + 1'000'000'000;  // the next try, if this set did not start
+    return e.what();
   }
 }
 

@@ -135,7 +135,10 @@ class TensorParallelExecutor : public ModelExecutor {
   void stop_workers(bool graceful);
   // Why waiting is hopeless: a worker that exited, named (reaps it).
   std::string dead_worker();
-  std::string describe_workers(uint64_t missing_mask) const;
+  // Each worker: replied or not (this step), process state, phase, heartbeat, the op it is in.
+  std::string describe_workers() const;
+  // A fresh set after a failure; the error when it did not start (retried a second later).
+  std::string restart_workers();
   parallel::RingWait reply_wait(int rank, int64_t deadline_ns);
   [[noreturn]] void fail(const std::string& message);
 

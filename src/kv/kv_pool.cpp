@@ -1,17 +1,15 @@
 #include "kv/kv_pool.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <random>
 #include <string>
 
 #include "util/error.h"
+#include "util/shared_file.h"
 
 namespace tandem {
 
@@ -57,18 +55,10 @@ uint8_t* map_backed(size_t n, const std::string& what) {
 // The same, MAP_SHARED over a file: created and sized (then backed like the
 // anonymous one), or an existing one of that size mapped.
 uint8_t* map_shared(size_t n, const KvPoolBacking& b) {
-  const int fd = ::open(b.shared_path.c_str(), O_RDWR | O_CLOEXEC | (b.create ? O_CREAT | O_TRUNC : 0), 0600);
-  if (fd < 0) throw Error("cannot open the shared KV pool " + b.shared_path + ": " + std::strerror(errno));
-  struct stat st{};
-  if ((b.create && ::ftruncate(fd, static_cast<off_t>(n)) != 0) || ::fstat(fd, &st) != 0 ||
-      static_cast<size_t>(st.st_size) != n) {
-    ::close(fd);
-    throw Error("cannot size the shared KV pool " + b.shared_path + " to " + std::to_string(n >> 20) +
-                " MiB (is /dev/shm large enough?)");
-  }
-  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) throw Error("cannot map the shared KV pool (" + std::to_string(n >> 20) + " MiB)");
+  std::string error;
+  void* p = map_shared_file(b.shared_path, n, b.create, &error);
+  if (p == nullptr)
+    throw Error("the shared KV pool (" + std::to_string(n >> 20) + " MiB; is /dev/shm large enough?): " + error);
 #ifdef MADV_POPULATE_WRITE
   if (b.create && madvise(p, n, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
     munmap(p, n);

@@ -1,6 +1,5 @@
 #include "parallel/broadcast_ring.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/futex.h"
+#include "util/shared_file.h"
 
 namespace tandem::parallel {
 
@@ -56,17 +56,10 @@ size_t slot_stride(uint64_t slot_bytes) { return kSlotHeaderBytes + round_up_64(
 
 bool process_gone(int32_t pid) { return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH; }
 
-void* map_file(const std::string& path, int flags, size_t bytes, bool truncate) {
-  const int fd = ::open(path.c_str(), flags | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) throw RingError(RingError::Kind::kCorrupt, "cannot open the ring " + path + ": " + std::strerror(errno));
-  if (truncate && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw RingError(RingError::Kind::kCorrupt, "cannot size the ring " + path + ": " + std::strerror(err));
-  }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) throw RingError(RingError::Kind::kCorrupt, "cannot map the ring " + path + ": " + std::strerror(errno));
+void* map_ring(const std::string& path, size_t bytes, bool create) {
+  std::string error;
+  void* p = map_shared_file(path, bytes, create, &error);
+  if (p == nullptr) throw RingError(RingError::Kind::kCorrupt, "the ring: " + error);
   return p;
 }
 }  // namespace
@@ -80,7 +73,7 @@ std::unique_ptr<BroadcastRing> BroadcastRing::create(const std::string& path, co
   TANDEM_ASSERT(shape.n_slots >= 1 && shape.n_readers >= 1 && shape.n_readers <= kMaxRingReaders,
                 "a ring of at least one slot and 1..32 readers");
   const size_t bytes = mapping_bytes(shape);
-  void* p = map_file(path, O_CREAT | O_TRUNC, bytes, true);
+  void* p = map_ring(path, bytes, true);
   auto* h = new (p) Header{};  // the file is zero-filled; the atomics start at 0
   h->n_slots = shape.n_slots;
   h->n_readers = shape.n_readers;
@@ -91,7 +84,7 @@ std::unique_ptr<BroadcastRing> BroadcastRing::create(const std::string& path, co
 
 std::unique_ptr<BroadcastRing> BroadcastRing::attach(const std::string& path, int role, std::string name) {
   // Map the header first to learn the size.
-  void* head = map_file(path, 0, sizeof(Header), false);
+  void* head = map_ring(path, sizeof(Header), false);
   const auto* h = static_cast<const Header*>(head);
   if (h->magic.load(std::memory_order_acquire) != kMagic) {
     ::munmap(head, sizeof(Header));
@@ -100,7 +93,7 @@ std::unique_ptr<BroadcastRing> BroadcastRing::attach(const std::string& path, in
   const RingShape shape{h->n_slots, h->slot_bytes, h->n_readers};
   ::munmap(head, sizeof(Header));
   const size_t bytes = mapping_bytes(shape);
-  return std::unique_ptr<BroadcastRing>(new BroadcastRing(map_file(path, 0, bytes, false), bytes, role,
+  return std::unique_ptr<BroadcastRing>(new BroadcastRing(map_ring(path, bytes, false), bytes, role,
                                                           std::move(name), path));
 }
 

@@ -6,7 +6,6 @@
 #include "util/error.h"
 
 namespace tandem::parallel {
-namespace {
 
 std::string ranks_in(uint64_t mask, int size, bool present) {
   std::string out = "{";
@@ -17,8 +16,6 @@ std::string ranks_in(uint64_t mask, int size, bool present) {
   }
   return out + "}";
 }
-
-}  // namespace
 
 LockstepGroup::LockstepGroup(FrameTransport& transport, LockstepConfig config, LockstepMutations mutations)
     : transport_(transport),

@@ -180,6 +180,9 @@ class LockstepGroup {
   std::optional<LockstepError> broken_;
 };
 
+// "{0,2}": the ranks below `size` whose bit in `mask` is set (present) or clear.
+std::string ranks_in(uint64_t mask, int size, bool present);
+
 // The payload slots of the step header.
 namespace header_slot {
 inline constexpr int kPhase = 0, kTokens = 1, kPadded = 2, kDummy = 3, kDraftWidth = 4, kRunning = 5, kWaiting = 6,
