@@ -193,6 +193,25 @@ TEST(BlockManager, PrefixHitAfterRelease) {
   bm.check_invariants();
 }
 
+// The KV behind every block is gone (a tensor-parallel worker was
+// replaced): nothing cached matches again, the cached blocks are free, and
+// what a live request owns stays its own until released.
+TEST(BlockManager, ForgetCachedFreesEveryCachedBlockAndNothingMatchesAfter) {
+  BlockManager bm(config(8));
+  const auto prompt = iota_tokens(9, 10);
+  const auto other = iota_tokens(5, 300);
+  bm.release(run_prompt(bm, prompt).blocks);  // 2 full blocks cached, 1 freed
+  Request live = run_prompt(bm, other);        // 1 full block registered, 2 owned
+  expect_counts(bm, 4, 2, 2);
+  bm.forget_cached();
+  bm.check_invariants();
+  expect_counts(bm, 6, 2, 0);
+  EXPECT_EQ(bm.acquire_prefix(prompt, 8).n_tokens, 0);
+  bm.release(live.blocks);
+  expect_counts(bm, 7, 0, 1);  // the live request's full block is cached on release, as before
+  bm.check_invariants();
+}
+
 TEST(BlockManager, OnlyFullBlocksMatch) {
   BlockManager bm(config(8));
   const auto prompt = iota_tokens(8, 50);

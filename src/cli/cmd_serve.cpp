@@ -149,6 +149,13 @@ void run_serve(ServeArgs& a) {
   }
   if (a.role == "prefill") a.pd.role = pd::Role::kPrefill;
   if (a.role == "decode") a.pd.role = pd::Role::kDecode;
+  if (a.tp.local_workers > a.tp.size)
+    throw Error("--tensor-parallel-local-workers " + std::to_string(a.tp.local_workers) + " is more than --tensor-parallel-size " +
+                std::to_string(a.tp.size));
+  if (a.tp.enabled() && a.tp.cross_host() && a.role != "both")
+    throw Error("--role " + a.role + " with tensor-parallel workers on other hosts is not supported: the KV transfer "
+                "registers this host's KV pool, which holds only the heads of the workers on this host; run every "
+                "worker here (--tensor-parallel-local-workers " + std::to_string(a.tp.size) + ")");
   std::unique_ptr<TensorParallelDir> tp_dir;
   if (a.tp.enabled()) {
     tp_dir = std::make_unique<TensorParallelDir>();
@@ -321,6 +328,16 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--tensor-parallel-timeout-ms", a->tp.timeout_ms,
                   "Fail a step (and restart the workers) whose workers have not answered after this long")
       ->check(CLI::Range(100, 3'600'000));
+  cmd->add_option("--tensor-parallel-local-workers", a->tp.local_workers,
+                  "Workers this host runs (ranks 0..L-1; the others join from their hosts with tandem tensor-worker "
+                  "--join; 0: all)")
+      ->check(CLI::Range(0, parallel::kMaxRingReaders));
+  cmd->add_option("--tensor-parallel-host", a->tp.host,
+                  "This host's address for the workers on other hosts (their join listener, gloo)");
+  cmd->add_option("--tensor-parallel-port", a->tp.port, "The join listener's port (0: any free port, logged)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--tensor-parallel-rendezvous", a->tp.rendezvous_dir,
+                  "A directory every worker's host reaches, where each set of workers meets (with workers on other hosts)");
   cmd->add_option("--node-id", a->pd.node, "Node id in the cluster (0: random)");
   cmd->add_option("--transfer-host", a->pd.transfer_host, "Address of the KV transfer listener (default loopback)");
   cmd->add_option("--transfer-port", a->pd.transfer_port, "Port of the KV transfer listener (0: any free port)");

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +15,8 @@
 #include <thread>
 
 #include "cli/child_process.h"
+#include "gguf/gguf.h"
+#include "instance/fingerprint.h"
 #include "kernels/dtype.h"
 #include "parallel/frame.h"
 #include "parallel/lockstep_group.h"
@@ -98,26 +102,151 @@ void size_tensor_parallel(TensorParallelOptions& o, const std::string& model_pat
   if (o.threads_per_worker == 0 && threads > 0) o.threads_per_worker = std::max(1, threads / o.size);
 }
 
+// A joined worker's link: a reader thread takes its status into the core's
+// page (as a spawned worker's own writes would) and queues its replies.
+struct TensorParallelExecutor::RemoteLink {
+  std::unique_ptr<TensorLink> link;
+  int32_t pid = 0;
+  std::thread reader;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<LinkMessage> replies;
+  std::string gone;  // why the link ended; empty while it is up
+
+  RemoteLink(std::unique_ptr<TensorLink> l, int32_t p, WorkerStatus& status, uint64_t max_reply_bytes)
+      : link(std::move(l)), pid(p) {
+    reader = std::thread([this, &status, max_reply_bytes] {
+      for (;;) {
+        LinkMessage m;
+        std::string error;
+        try {
+          if (!link->receive(m, 200, max_reply_bytes)) continue;
+          if (m.kind == static_cast<uint32_t>(LinkKind::kStatus)) {
+            decode_status(m.payload, status, monotonic_ns());
+            continue;
+          }
+          if (m.kind < static_cast<uint32_t>(ReplyKind::kReady) || m.kind > static_cast<uint32_t>(ReplyKind::kFailed))
+            error = "it sent a message of kind " + std::to_string(m.kind) + ", which is no reply";
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error.empty()) {
+          gone = error;
+          cv.notify_all();
+          return;
+        }
+        replies.push_back(std::move(m));
+        cv.notify_all();
+      }
+    });
+  }
+  ~RemoteLink() {
+    link->close_now();
+    reader.join();
+  }
+};
+
+TensorParallelExecutor::Worker::Worker() = default;
+TensorParallelExecutor::Worker::~Worker() = default;
+TensorParallelExecutor::Worker::Worker(Worker&&) noexcept = default;
+
 TensorParallelExecutor::TensorParallelExecutor(const TensorParallelOptions& options, const KvPool& kv,
                                                const std::string& kv_path)
     : options_(options), kv_shape_(kv.shape()), kv_path_(kv_path) {
-  TANDEM_ASSERT(options.size >= 2 && options.size <= parallel::kMaxRingReaders && options.n_vocab > 0);
+  TANDEM_ASSERT(options.size >= 2 && options.size <= parallel::kMaxRanks && options.n_local() >= 1 &&
+                options.n_local() <= std::min(options.size, parallel::kMaxRingReaders) && options.n_vocab > 0);
   dir_ = std::filesystem::path(kv_path).parent_path().string();
+  group_base_ = dir_;
+  if (options.cross_host()) {
+    if (options.rendezvous_dir.empty())
+      throw Error("workers on other hosts (--tensor-parallel-local-workers " + std::to_string(options.n_local()) +
+                  " of " + std::to_string(options.size) +
+                  ") meet in a directory every host reaches: give --tensor-parallel-rendezvous DIR");
+    group_base_ = options.rendezvous_dir + "/tandem-tp-" + std::to_string(::getpid());
+    std::filesystem::create_directories(group_base_);
+    model_hash_ = instance::model_hash(gguf::File::open(options.model_path));
+    joins_.resize(static_cast<size_t>(options.size));
+    listener_ = std::make_unique<LinkListener>(options.host, options.port);
+    accept_thread_ = std::thread([this] { accept_joins(); });
+    const std::string at = options.host + ":" + std::to_string(listener_->port());
+    std::fprintf(stderr,
+                 "tandem: tensor parallelism: ranks %d..%d join at %s (on their hosts: tandem tensor-worker --join %s "
+                 "--rank R --model FILE --host THEIR_ADDRESS)\n",
+                 options.n_local(), options.size - 1, at.c_str(), at.c_str());
+  }
   status_bytes_ = sizeof(WorkerStatus) * static_cast<size_t>(options.size);
   std::string error;
   status_ = static_cast<WorkerStatus*>(map_shared_file(dir_ + "/status", status_bytes_, true, &error));
   if (status_ == nullptr) throw Error("the tensor-parallel status page: " + error);
   workers_.resize(static_cast<size_t>(options.size));
-  start_workers();
+  try {
+    start_workers(options.start_timeout_ms);
+  } catch (...) {
+    stop_joins();
+    throw;
+  }
 }
 
 TensorParallelExecutor::~TensorParallelExecutor() {
   stop_workers(true);
+  stop_joins();
   if (status_ != nullptr) ::munmap(status_, status_bytes_);
 }
 
-void TensorParallelExecutor::start_workers() {
+void TensorParallelExecutor::stop_joins() {
+  stopping_ = true;
+  if (accept_thread_.joinable()) accept_thread_.join();
+  std::lock_guard<std::mutex> lock(joins_mu_);
+  joins_.clear();
+  std::error_code ec;
+  if (options_.cross_host()) std::filesystem::remove_all(group_base_, ec);
+}
+
+std::string TensorParallelExecutor::who(int rank) const {
+  std::string s = "tensor-parallel worker " + std::to_string(rank);
+  const Worker& w = workers_[static_cast<size_t>(rank)];
+  if (w.remote) s += " on " + w.remote->link->peer() + " (pid " + std::to_string(w.remote->pid) + ")";
+  return s;
+}
+
+void TensorParallelExecutor::accept_joins() {
+  while (!stopping_.load()) {
+    std::unique_ptr<TensorLink> link = listener_->accept(200);
+    if (!link) continue;
+    // Its hello: "rank=R\npid=P\nkv_fresh=0|1\n", within a bound.
+    int rank = -1;
+    long long pid = 0;
+    int fresh = 1;
+    try {
+      LinkMessage m;
+      if (!link->receive(m, 5000, 4096) || m.kind != static_cast<uint32_t>(LinkKind::kHello))
+        throw Error("no hello within 5 s");
+      const std::string hello(m.payload.begin(), m.payload.end());
+      if (std::sscanf(hello.c_str(), "rank=%d\npid=%lld\nkv_fresh=%d", &rank, &pid, &fresh) != 3)
+        throw Error("a malformed hello");
+      if (rank < options_.n_local() || rank >= options_.size)
+        throw Error("rank " + std::to_string(rank) + " is not one that joins here: ranks " +
+                    std::to_string(options_.n_local()) + ".." + std::to_string(options_.size - 1) + " do");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem: a tensor-parallel join from %s refused: %s\n", link->peer().c_str(), e.what());
+      try {
+        const std::string why = e.what();
+        link->send(static_cast<uint32_t>(ReplyKind::kFailed), 0, {reinterpret_cast<const uint8_t*>(why.data()), why.size()},
+                   1000);
+      } catch (const std::exception&) {
+      }
+      continue;
+    }
+    std::fprintf(stderr, "tandem: tensor-parallel worker %d joined from %s (pid %lld)\n", rank, link->peer().c_str(), pid);
+    std::lock_guard<std::mutex> lock(joins_mu_);
+    joins_[static_cast<size_t>(rank)] = Join{std::move(link), static_cast<int32_t>(pid), fresh != 0};
+  }
+}
+
+void TensorParallelExecutor::start_workers(int64_t join_wait_ms) {
   const int n = options_.size;
+  const int n_local = options_.n_local();
   int generation;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -129,45 +258,96 @@ void TensorParallelExecutor::start_workers() {
         parallel::RingShape{kStepSlots,
                             max_batch_bytes(options_.max_num_batched_tokens, options_.max_num_seqs,
                                             (options_.max_model_len + options_.block_size - 1) / options_.block_size + 1),
-                            n},
+                            n_local},
         BroadcastRing::kWriter, "steps");
     const uint64_t reply_bytes =
         static_cast<uint64_t>(options_.max_num_seqs) * static_cast<uint64_t>(options_.n_vocab) * sizeof(float) + kReplyTextBytes;
-    for (int r = 0; r < n; ++r)
+    for (int r = 0; r < n_local; ++r)
       workers_[static_cast<size_t>(r)].replies =
           BroadcastRing::create(dir_ + "/reply." + std::to_string(r) + ".ring", parallel::RingShape{kReplySlots, reply_bytes, 1},
                                 0, "replies of worker " + std::to_string(r));
     std::memset(static_cast<void*>(status_), 0, status_bytes_);
   }
-  const std::string group_dir = dir_ + "/g" + std::to_string(generation);
+  const std::string group_dir = group_base_ + "/g" + std::to_string(generation);
   std::filesystem::create_directories(group_dir);
   int threads = options_.threads_per_worker;
-  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / n);
-  for (int r = 0; r < n; ++r) {
-    const std::vector<std::string> args = {self_exe(), "tensor-worker", "--model", options_.model_path,
-                                           "--rank", std::to_string(r), "--size", std::to_string(n),
-                                           "--dir", dir_, "--generation", std::to_string(generation),
-                                           "--threads", std::to_string(threads),
-                                           "--kv-blocks", std::to_string(kv_shape_.n_blocks),
-                                           "--block-size", std::to_string(kv_shape_.block_size),
-                                           "--kv-dtype", kernels::dtype_name(kv_shape_.dtype),
-                                           "--state-slots", std::to_string(kv_shape_.n_state_slots),
-                                           "--timeout-ms", std::to_string(options_.timeout_ms),
-                                           "--core-pid", std::to_string(::getpid())};
-    workers_[static_cast<size_t>(r)].pid = spawn_child(args, {}, SIGKILL);
+  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / n_local);
+  TensorJob job;
+  job.model_path = options_.model_path;
+  job.model_hash = model_hash_;
+  job.size = n;
+  job.generation = generation;
+  job.threads = threads;
+  job.dir = dir_;
+  job.rendezvous_dir = group_dir;
+  job.bind_host = options_.host;
+  job.shared_memory_frames = !options_.cross_host();
+  job.kv_blocks = kv_shape_.n_blocks;
+  job.block_size = kv_shape_.block_size;
+  job.kv_dtype = kernels::dtype_name(kv_shape_.dtype);
+  job.state_slots = kv_shape_.n_state_slots;
+  job.timeout_ms = options_.timeout_ms;
+  job.core_pid = static_cast<int>(::getpid());
+  // The joined workers first: a set that lacks one does not start at all.
+  std::vector<Join> joined(static_cast<size_t>(n));
+  const int64_t join_deadline = monotonic_ns() + join_wait_ms * 1'000'000;
+  for (int r = n_local; r < n; ++r) {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(joins_mu_);
+        if (joins_[static_cast<size_t>(r)].link) {
+          joined[static_cast<size_t>(r)] = std::move(joins_[static_cast<size_t>(r)]);
+          break;
+        }
+      }
+      if (monotonic_ns() >= join_deadline) {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_error_ = "tensor-parallel worker " + std::to_string(r) + " has not joined at " + options_.host + ":" +
+                      std::to_string(listener_->port()) + " (start tandem tensor-worker --join " + options_.host + ":" +
+                      std::to_string(listener_->port()) + " --rank " + std::to_string(r) + " on its host)";
+        steps_.reset();
+        for (auto& w : workers_) w.replies.reset();
+        throw Error(last_error_);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
+  for (int r = 0; r < n_local; ++r) {
+    job.rank = r;
+    workers_[static_cast<size_t>(r)].pid = spawn_child(tensor_worker_args(job), {}, SIGKILL);
+  }
+  const uint64_t reply_bytes =
+      static_cast<uint64_t>(options_.max_num_seqs) * static_cast<uint64_t>(options_.n_vocab) * sizeof(float) + kReplyTextBytes;
+  bool fresh_kv = false;
+  for (int r = n_local; r < n; ++r) {
+    Join& j = joined[static_cast<size_t>(r)];
+    fresh_kv = fresh_kv || j.kv_fresh;
+    job.rank = r;
+    TensorJob remote = job;
+    remote.dir.clear();
+    const std::vector<uint8_t> bytes = encode_job(remote);
+    try {
+      j.link->send(static_cast<uint32_t>(LinkKind::kJob), 0, bytes, 5000);
+    } catch (const std::exception&) {
+      // Its link broke since it joined: the wait for its kReady says so.
+    }
+    auto link = std::make_unique<RemoteLink>(std::move(j.link), j.pid, status_[r], reply_bytes);
+    std::lock_guard<std::mutex> lock(mu_);  // snapshot() reads who is remote
+    workers_[static_cast<size_t>(r)].remote = std::move(link);
+  }
+  // A joined worker whose process is new holds none of the KV the blocks
+  // had: once a set ran before, the engine must forget them.
+  if (generation > 1 && fresh_kv) kv_lost_ = true;
   // Each worker answers once loaded and met: a kReady on its ring.
   const int64_t deadline = monotonic_ns() + options_.start_timeout_ms * 1'000'000;
   try {
     for (int r = 0; r < n; ++r) {
       RingWait w = reply_wait(r, deadline);
       w.soft_deadline_ms = 0;
-      BroadcastRing::ReadGuard g = workers_[static_cast<size_t>(r)].replies->read(w);
-      const auto kind = static_cast<ReplyKind>(g.message().kind);
-      if (kind != ReplyKind::kReady) {
-        const auto& p = g.message().payload;
-        throw Error("tensor-parallel worker " + std::to_string(r) + " did not start: " +
-                    std::string(p.begin() + std::min<size_t>(p.size(), 4), p.end()));
+      const Reply reply = read_reply(r, w);
+      if (static_cast<ReplyKind>(reply.kind) != ReplyKind::kReady) {
+        const auto& p = reply.payload;
+        throw Error(who(r) + " did not start: " + std::string(p.begin() + std::min<size_t>(p.size(), 4), p.end()));
       }
     }
   } catch (const std::exception& e) {
@@ -176,13 +356,14 @@ void TensorParallelExecutor::start_workers() {
     last_error_ = e.what();
     throw Error(std::string("the tensor-parallel workers did not start: ") + e.what());
   }
-  for (auto& w : workers_) w.replies->unlink();
+  for (auto& w : workers_)
+    if (w.replies) w.replies->unlink();
   steps_->unlink();
   step_id_ = 0;
   std::lock_guard<std::mutex> lock(mu_);
   ready_ = true;
-  std::fprintf(stderr, "tandem: tensor parallelism: %d workers ready (generation %d, %d threads each)\n", n, generation,
-               threads);
+  std::fprintf(stderr, "tandem: tensor parallelism: %d workers ready (generation %d, %d threads each on this host%s)\n", n,
+               generation, threads, options_.cross_host() ? (", " + std::to_string(n - n_local) + " joined").c_str() : "");
 }
 
 void TensorParallelExecutor::stop_workers(bool graceful) {
@@ -193,6 +374,13 @@ void TensorParallelExecutor::stop_workers(bool graceful) {
       w.hard_deadline_ms = 1000;
       steps_->publish(step_id_ + 1, static_cast<uint32_t>(StepKind::kShutdown), {}, w);
     } catch (const std::exception&) {
+    }
+    for (auto& w : workers_) {
+      if (!w.remote) continue;
+      try {
+        w.remote->link->send(static_cast<uint32_t>(StepKind::kShutdown), step_id_ + 1, {}, 1000);
+      } catch (const std::exception&) {
+      }
     }
     const int64_t deadline = monotonic_ns() + 3'000'000'000;
     for (auto& w : workers_)
@@ -208,6 +396,8 @@ void TensorParallelExecutor::stop_workers(bool graceful) {
     w.pid = -1;
   }
   std::lock_guard<std::mutex> lock(mu_);
+  // A joined worker's link closes: the worker joins again, for the next set.
+  for (auto& w : workers_) w.remote.reset();
   ready_ = false;
   for (auto& w : workers_) w.replies.reset();
   steps_.reset();
@@ -215,13 +405,18 @@ void TensorParallelExecutor::stop_workers(bool graceful) {
   // its rank 0 unlinks once every worker attached, unless the set died first).
   std::error_code ec;
   const std::string g = "g" + std::to_string(generation_);
-  ::unlink(ShmFrames::path_for(dir_ + "/" + g, g).c_str());
-  std::filesystem::remove_all(dir_ + "/" + g, ec);
+  ::unlink(ShmFrames::path_for(group_base_ + "/" + g, g).c_str());
+  std::filesystem::remove_all(group_base_ + "/" + g, ec);
 }
 
 std::string TensorParallelExecutor::dead_worker() {
   for (size_t r = 0; r < workers_.size(); ++r) {
     Worker& w = workers_[r];
+    if (w.remote) {
+      std::lock_guard<std::mutex> lock(w.remote->mu);
+      if (!w.remote->gone.empty()) return who(static_cast<int>(r)) + " is gone: " + w.remote->gone;
+      continue;
+    }
     int st = 0;
     if (w.pid <= 0 || ::waitpid(w.pid, &st, WNOHANG) != w.pid) continue;
     const pid_t pid = w.pid;
@@ -238,11 +433,13 @@ std::string TensorParallelExecutor::describe_workers() const {
   std::string s;
   for (int r = 0; r < options_.size; ++r) {
     const WorkerStatus& st = status_[r];
-    const pid_t pid = workers_[static_cast<size_t>(r)].pid;
-    const char ps = process_state(pid);
+    const Worker& w = workers_[static_cast<size_t>(r)];
+    // A joined worker's process is on its host: what the core knows of it is its status over the link.
+    const std::string process = w.remote ? "on " + w.remote->link->peer() + " pid " + std::to_string(w.remote->pid)
+                                         : "pid " + std::to_string(w.pid) + " " + state_word(process_state(w.pid));
     s += (r == 0 ? "" : "; ");
-    s += "worker " + std::to_string(r) + ((replied_mask_ >> r) & 1 ? " (replied)" : " (no reply)") + ": pid " +
-         std::to_string(pid) + " " + state_word(ps) + ", " + phase_name(st.phase.load()) + ", step " +
+    s += "worker " + std::to_string(r) + ((replied_mask_ >> r) & 1 ? " (replied)" : " (no reply)") + ": " + process +
+         ", " + phase_name(st.phase.load()) + ", step " +
          std::to_string(st.step_id.load()) + ", heartbeat " +
          (st.heartbeat_ns.load() == 0 ? std::string("never") : std::to_string((now - st.heartbeat_ns.load()) / 1'000'000) + " ms ago");
     const int64_t kind = st.op_kind.load();
@@ -276,6 +473,59 @@ RingWait TensorParallelExecutor::reply_wait(int rank, int64_t deadline_ns) {
   return w;
 }
 
+TensorParallelExecutor::Reply TensorParallelExecutor::read_reply(int rank, const RingWait& wait) {
+  Worker& w = workers_[static_cast<size_t>(rank)];
+  Reply reply;
+  if (!w.remote) {
+    reply.guard = w.replies->read(wait);
+    const parallel::RingMessage& m = reply.guard.message();
+    reply.step_id = m.step_id;
+    reply.kind = m.kind;
+    reply.payload = m.payload;
+    return reply;
+  }
+  // The same bounds as a ring's wait: a report past the soft deadline, an
+  // error past the hard one or once a worker is gone.
+  RemoteLink& link = *w.remote;
+  const int64_t start = monotonic_ns();
+  bool reported = false;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(link.mu);
+      link.cv.wait_for(lock, std::chrono::milliseconds(10), [&] { return !link.replies.empty() || !link.gone.empty(); });
+      if (!link.replies.empty()) {
+        LinkMessage m = std::move(link.replies.front());
+        link.replies.pop_front();
+        reply.step_id = m.step_id;
+        reply.kind = m.kind;
+        reply.owned = std::move(m.payload);
+        reply.payload = reply.owned;
+        return reply;
+      }
+    }
+    if (wait.peer_gone) {
+      const std::string gone = wait.peer_gone();
+      if (!gone.empty()) throw RingError(RingError::Kind::kPeerGone, gone);
+    }
+    const int64_t waited_ms = (monotonic_ns() - start) / 1'000'000;
+    const std::string what = "the reply of " + who(rank) + " over its link";
+    if (!reported && wait.soft_deadline_ms > 0 && waited_ms >= wait.soft_deadline_ms) {
+      reported = true;
+      if (wait.report) wait.report(what + ": nothing for " + std::to_string(waited_ms) + " ms");
+    }
+    if (wait.hard_deadline_ms > 0 && waited_ms >= wait.hard_deadline_ms)
+      throw RingError(RingError::Kind::kTimeout, what + ": nothing for " + std::to_string(waited_ms) +
+                                                     " ms, past the hard deadline of " +
+                                                     std::to_string(wait.hard_deadline_ms) + " ms");
+  }
+}
+
+bool TensorParallelExecutor::take_kv_lost() {
+  const bool lost = kv_lost_;
+  kv_lost_ = false;
+  return lost;
+}
+
 void TensorParallelExecutor::fail(const std::string& message) {
   std::fprintf(stderr, "tandem: %s; the workers are restarted\n", message.c_str());
   stop_workers(false);
@@ -307,16 +557,28 @@ void TensorParallelExecutor::forward(const Batch& batch, float* logits) {
     RingWait w = reply_wait(0, deadline);
     w.report = nullptr;
     steps_->publish(step, static_cast<uint32_t>(StepKind::kStep), bytes, w);
+    for (int r = options_.n_local(); r < options_.size; ++r) {
+      try {
+        workers_[static_cast<size_t>(r)].remote->link->send(static_cast<uint32_t>(StepKind::kStep), step, bytes,
+                                                             options_.soft_deadline_ms);
+      } catch (const std::exception& e) {
+        throw RingError(RingError::Kind::kPeerGone, who(r) + ": its step could not be sent: " + e.what());
+      }
+    }
     const size_t logit_bytes = batch.logit_rows.size() * static_cast<size_t>(options_.n_vocab) * sizeof(float);
     for (int r = 0; r < options_.size; ++r) {
-      BroadcastRing::ReadGuard g = workers_[static_cast<size_t>(r)].replies->read(reply_wait(r, deadline));
-      const parallel::RingMessage& m = g.message();
+      const Reply m = read_reply(r, reply_wait(r, deadline));
       if (m.step_id != step) {
         protocol_error = "tensor-parallel step " + std::to_string(step) + ": worker " + std::to_string(r) +
                          " replied for step " + std::to_string(m.step_id);
         break;
       }
       replied_mask_ |= uint64_t{1} << r;
+      if (m.kind != static_cast<uint32_t>(ReplyKind::kDone) && m.kind != static_cast<uint32_t>(ReplyKind::kFailed)) {
+        protocol_error = "tensor-parallel step " + std::to_string(step) + ": worker " + std::to_string(r) +
+                         " replied with a message of kind " + std::to_string(m.kind);
+        break;
+      }
       if (static_cast<ReplyKind>(m.kind) == ReplyKind::kFailed) {
         // [int32 own][text]: `own` when the error is the worker's own, not
         // the group's verdict on another's.
@@ -379,7 +641,7 @@ std::string TensorParallelExecutor::restart_workers() {
     ++restarts_;
   }
   try {
-    start_workers();
+    start_workers(options_.rejoin_wait_ms);
     return {};
   } catch (const std::exception& e) {
     next_restart_ns_ = monotonic_ns() + 1'000'000'000;  // the next try, if this set did not start
@@ -408,6 +670,7 @@ TensorParallelSnapshot TensorParallelExecutor::snapshot() const {
   s.failures = failures_;
   s.restarts = restarts_;
   s.soft_deadline_reports = soft_reports_;
+  if (listener_) s.join_address = options_.host + ":" + std::to_string(listener_->port());
   s.forward_ns = forward_ns_;
   const int64_t since = waiting_since_ns_.load();
   s.waiting_since_ms = since == 0 ? -1 : (now - since) / 1'000'000;
@@ -418,7 +681,9 @@ TensorParallelSnapshot TensorParallelExecutor::snapshot() const {
     TensorWorkerSnapshot w;
     w.rank = r;
     w.pid = st.pid.load();
-    w.process_state = process_state(w.pid);
+    const Worker& worker = workers_[static_cast<size_t>(r)];
+    if (worker.remote) w.host = worker.remote->link->peer();
+    else w.process_state = process_state(w.pid);
     w.phase = st.phase.load();
     w.step_id = st.step_id.load();
     w.steps_done = st.steps_done.load();

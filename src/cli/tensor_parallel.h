@@ -27,8 +27,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cli/tensor_link.h"
 #include "cli/tensor_wire.h"
 #include "engine/model_executor.h"
 #include "kv/kv_pool.h"
@@ -51,14 +53,26 @@ struct TensorParallelOptions {
   int64_t max_model_len = 4096;
   int block_size = 16;
   int64_t n_vocab = 0;
+  // Workers on other hosts (serve): the core spawns ranks 0 .. local_workers-1;
+  // the others join at host:port (`tandem tensor-worker --join`). Then every
+  // collective goes through gloo over TCP, bound to `host` here, and the
+  // group meets in rendezvous_dir, a directory every host reaches.
+  int local_workers = 0;            // 0: all of them
+  std::string host = "127.0.0.1";   // the join listener's and the local workers' address
+  int port = 0;                     // the join listener's (0: any free port)
+  std::string rendezvous_dir;       // required with workers on other hosts
+  int64_t rejoin_wait_ms = 2000;    // a restart waits this long for a joined worker to come back
   bool enabled() const { return size > 1; }
+  int n_local() const { return local_workers <= 0 ? size : local_workers; }
+  bool cross_host() const { return n_local() < size; }
 };
 
 // The workers' state for /debug/parallel and /metrics.
 struct TensorWorkerSnapshot {
   int rank = 0;
   int32_t pid = 0;
-  char process_state = '?';  // from /proc: R running, S sleeping, T stopped, Z zombie
+  std::string host;           // empty: the core's host; else the address it joined from
+  char process_state = '?';  // from /proc (the core's host only): R running, S sleeping, T stopped, Z zombie
   int32_t phase = 0;
   int64_t step_id = 0, steps_done = 0;
   int64_t heartbeat_age_ms = -1;
@@ -78,6 +92,7 @@ struct TensorParallelSnapshot {
   int64_t failures = 0;
   int64_t restarts = 0;
   int64_t soft_deadline_reports = 0;
+  std::string join_address;       // where workers on other hosts join (empty: none do)
   int64_t forward_ns = 0;         // the core's time in forward(): the steps as it sees them
   int64_t waiting_since_ms = -1;  // the core waits for replies since (ms ago; -1: not waiting)
   std::string last_error;
@@ -113,6 +128,9 @@ LoadOptions tensor_parallel_core_load(int size);
 void size_tensor_parallel(TensorParallelOptions& o, const std::string& model_path, int64_t n_vocab, int64_t max_tokens,
                           int64_t max_seqs, int64_t max_len, int block_size, int threads);
 
+// The command line of a worker the core spawns on its own host (cmd_tensor_worker.cpp).
+std::vector<std::string> tensor_worker_args(const TensorJob& job);
+
 class TensorParallelExecutor : public ModelExecutor {
  public:
   // `kv`: the engine's pool, backed by `kv_path` (KvPoolBacking). Starts the
@@ -123,15 +141,33 @@ class TensorParallelExecutor : public ModelExecutor {
   void forward(const Batch& batch, float* logits) override;
   bool ready(std::string* why) const override;
   void idle() override;
+  bool take_kv_lost() override;
   TensorParallelSnapshot snapshot() const;
 
 
  private:
+  struct RemoteLink;  // a joined worker's link and its reader thread
   struct Worker {
-    pid_t pid = -1;
-    std::unique_ptr<parallel::BroadcastRing> replies;
+    Worker();
+    ~Worker();
+    Worker(Worker&&) noexcept;
+    pid_t pid = -1;                                    // on this host
+    std::unique_ptr<parallel::BroadcastRing> replies;  // on this host
+    std::unique_ptr<RemoteLink> remote;                // on another host
   };
-  void start_workers();
+  // One reply, from a ring (held while `guard` lives) or a link (owned).
+  struct Reply {
+    int64_t step_id = 0;
+    uint32_t kind = 0;
+    std::span<const uint8_t> payload;
+    parallel::BroadcastRing::ReadGuard guard;
+    std::vector<uint8_t> owned;
+  };
+  Reply read_reply(int rank, const parallel::RingWait& wait);
+  // Joined workers: accepts them and keeps each rank's latest until a set takes it.
+  void accept_joins();
+  void stop_joins();
+  void start_workers(int64_t join_wait_ms);
   void stop_workers(bool graceful);
   // Why waiting is hopeless: a worker that exited, named (reaps it).
   std::string dead_worker();
@@ -139,6 +175,7 @@ class TensorParallelExecutor : public ModelExecutor {
   std::string describe_workers() const;
   // A fresh set after a failure; the error when it did not start (retried a second later).
   std::string restart_workers();
+  std::string who(int rank) const;
   parallel::RingWait reply_wait(int rank, int64_t deadline_ns);
   [[noreturn]] void fail(const std::string& message);
 
@@ -160,6 +197,20 @@ class TensorParallelExecutor : public ModelExecutor {
   int64_t failures_ = 0, restarts_ = 0, steps_done_ = 0, soft_reports_ = 0, forward_ns_ = 0;
   std::atomic<int64_t> waiting_since_ns_{0};
   int64_t next_restart_ns_ = 0;
+  bool kv_lost_ = false;
+
+  struct Join {
+    std::unique_ptr<TensorLink> link;
+    int32_t pid = 0;
+    bool kv_fresh = true;
+  };
+  std::unique_ptr<LinkListener> listener_;
+  std::thread accept_thread_;
+  std::atomic<bool> stopping_{false};
+  std::mutex joins_mu_;
+  std::vector<Join> joins_;  // by rank
+  std::string group_base_;   // where each set's group meets
+  uint64_t model_hash_ = 0;
 };
 
 // /debug/parallel and /metrics of a tensor-parallel instance (tensor_parallel_status.cpp).

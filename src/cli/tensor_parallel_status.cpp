@@ -18,6 +18,7 @@ nlohmann::json status_json(const TensorParallelSnapshot& s) {
   for (const TensorWorkerSnapshot& w : s.workers) {
     nlohmann::json j = {{"rank", w.rank},
                         {"pid", w.pid},
+                        {"host", w.host.empty() ? "local" : w.host},
                         {"process_state", std::string(1, w.process_state)},
                         {"phase", w.phase},
                         {"step_id", w.step_id},
@@ -43,6 +44,7 @@ nlohmann::json status_json(const TensorParallelSnapshot& s) {
           {"soft_deadline_reports", s.soft_deadline_reports},
           {"core_waiting_ms", s.waiting_since_ms},
           {"last_error", s.last_error},
+          {"join_address", s.join_address},
           {"ring", {{"published", s.ring.published}, {"read", s.ring.read}, {"bytes", s.ring.bytes},
                     {"writer_pid", s.ring.writer_pid}, {"reader_pids", s.ring.reader_pids},
                     {"soft_deadline_reports", s.ring.soft_deadline_reports}}},

@@ -48,4 +48,32 @@ struct alignas(64) WorkerStatus {
 };
 inline constexpr int kHeartbeatMs = 50;
 
+// A worker on another host sends its status over its link (tensor_link.h)
+// each heartbeat; the core stores it in that worker's entry of its page.
+// Times travel as ages (the hosts' monotonic clocks differ): the core stamps
+// the heartbeat on arrival, and the op's start from its age.
+std::vector<uint8_t> encode_status(const WorkerStatus& s, int64_t now_ns);
+// Throws tandem::Error on a malformed message.
+void decode_status(std::span<const uint8_t> bytes, WorkerStatus& into, int64_t arrived_ns);
+
+// What one worker is to do: spawned on the core's host it gets these as
+// arguments; on another host it gets them over its link when it joins.
+struct TensorJob {
+  std::string model_path;
+  uint64_t model_hash = 0;  // instance::model_hash of the core's file (0: not checked)
+  int rank = 0, size = 2, generation = 1, threads = 1;
+  std::string dir;             // the core's shared files (the rings, the KV pool, the status page); empty on another host
+  std::string rendezvous_dir;  // where the group meets (gloo's FileStore); every worker reaches it
+  std::string bind_host = "127.0.0.1";  // this worker's address for its peers
+  bool shared_memory_frames = true;     // every worker on the core's host
+  int block_size = 16;
+  int64_t kv_blocks = 0, state_slots = 0, timeout_ms = 60000;
+  std::string kv_dtype = "f16";
+  int core_pid = 0;
+  bool remote() const { return dir.empty(); }
+};
+std::vector<uint8_t> encode_job(const TensorJob& j);
+// Throws tandem::Error naming a malformed or missing field.
+TensorJob decode_job(std::span<const uint8_t> bytes);
+
 }  // namespace tandem::cli

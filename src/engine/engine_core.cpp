@@ -214,7 +214,10 @@ void EngineCore::loop() {
   while (running_.load(std::memory_order_acquire)) {
     heartbeat_.fetch_add(1, std::memory_order_acq_rel);
     if (step()) continue;
-    if (executor_ != nullptr) executor_->idle();
+    if (executor_ != nullptr) {
+      executor_->idle();
+      forget_lost_kv("");
+    }
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::milliseconds(config_.idle_wait_ms), [&] { return has_input_locked(); });
   }
@@ -481,6 +484,8 @@ void EngineCore::process_logits(SeqState& s, const float* logits, std::vector<Re
       child->state_slot = s.fork_slots.back();
       s.fork_slots.pop_back();
       std::memcpy(kv_->state_slot(child->state_slot), kv_->state_slot(s.state_slot), kv_->shape().state_slot_bytes);
+      pending_state_copies_.push_back(s.state_slot);
+      pending_state_copies_.push_back(child->state_slot);
     }
     scheduler_->add_running_after(child.get(), &s);
     r.seqs.push_back(std::move(child));
@@ -568,10 +573,13 @@ bool EngineCore::step() {
 }
 
 void EngineCore::run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& step_sw, int64_t schedule_ns) {
-  for (const auto& [from, to] : out.block_copies)
-    std::memcpy(kv_->block(to), kv_->block(from), kv_->block_bytes());
-
   Batch batch;
+  for (const auto& [from, to] : out.block_copies) {
+    std::memcpy(kv_->block(to), kv_->block(from), kv_->block_bytes());
+    batch.block_copies.push_back(from);
+    batch.block_copies.push_back(to);
+  }
+  batch.state_copies.swap(pending_state_copies_);
   for (const ScheduledChunk& c : out.chunks) {
     auto* s = static_cast<SeqState*>(c.seq);
     const bool prefill_only = s->owner->req.kv_role == KvRole::kPrefillOnly;
@@ -598,6 +606,7 @@ void EngineCore::run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& ste
       std::sort(ids.begin(), ids.end());
       ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
       for (uint64_t id : ids) abort_now(id, e.what());
+      forget_lost_kv(e.what());
       ++metrics_.executor_failures;
       publish();
       return;
@@ -662,6 +671,16 @@ LockstepStatus EngineCore::lockstep_status() const {
     st.in_flight = group_->in_flight();
   }
   return st;
+}
+
+void EngineCore::forget_lost_kv(const std::string& why) {
+  if (!executor_->take_kv_lost()) return;
+  // Nothing computed before can be trusted: every request holding blocks
+  // ends, and no later prompt may match a cached block.
+  fail_all(why.empty() ? "the KV cache was lost with a tensor-parallel worker that was replaced: resend the request"
+                       : why);
+  blocks_->forget_cached();
+  publish();
 }
 
 void EngineCore::fail_all(const std::string& error) {

@@ -169,6 +169,9 @@ class EngineCore {
   void run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& step_sw, int64_t schedule_ns);
   void publish();
   // Ends every live request with `error` (the group failed under them).
+  // After the executor lost the KV of every block (take_kv_lost): fails
+  // every live request (with `why`, or a default) and forgets the prefix cache.
+  void forget_lost_kv(const std::string& why);
   void fail_all(const std::string& error);
   // Ends every request not yet admitted with `error` (no group to serve it).
   void fail_pending_adds(const std::string& error);
@@ -198,6 +201,9 @@ class EngineCore {
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<StateSlots> states_;  // hybrid models: the recurrent-state slots
   std::unique_ptr<Scheduler> scheduler_;
+  // State slots copied since the last step, (from, to) flattened: the next
+  // batch carries them to workers that keep their own pool (Batch::state_copies).
+  std::vector<int32_t> pending_state_copies_;
   std::map<uint64_t, std::unique_ptr<RequestState>> requests_;  // live requests
   uint64_t arrivals_ = 0;
   std::vector<float> logits_;

@@ -31,6 +31,10 @@ class ModelExecutor {
   // On the engine thread, when it has no step to run: a chance to recover
   // (restart workers) without a request waiting on it.
   virtual void idle() {}
+  // On the engine thread, after forward() or idle(): true once (then reset)
+  // when the KV of every block was lost with a worker that was replaced; the
+  // engine then fails every live request and forgets its prefix cache.
+  virtual bool take_kv_lost() { return false; }
 };
 
 }  // namespace tandem

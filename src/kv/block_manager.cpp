@@ -269,6 +269,17 @@ std::optional<std::vector<int32_t>> BlockManager::allocate(int64_t n) {
   return out;
 }
 
+void BlockManager::forget_cached() {
+  Impl& m = *impl_;
+  while (m.lru_head != kNone) {
+    const int32_t b = m.lru_head;
+    m.lru_remove(b);
+    m.unregister(b);
+    m.free_list.push_back(b);
+  }
+  m.checked();
+}
+
 void BlockManager::add_ref(int32_t block) {
   Impl& m = *impl_;
   m.check_block(block);

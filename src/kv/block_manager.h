@@ -86,6 +86,11 @@ class BlockManager {
   // block). Returns the block's hash.
   BlockHash commit_full_block(int32_t block, BlockHash parent, std::span<const int32_t> tokens);
 
+  // The KV in every block is gone (a tensor-parallel worker holding part of
+  // it was replaced): every cached block is unregistered and freed, so no
+  // later prefix can match it. Owned blocks are the caller's to release.
+  void forget_cached();
+
   int32_t refcount(int32_t block) const;
   BlockManagerStats stats() const;
   // Aborts with a message if the accounting is inconsistent.

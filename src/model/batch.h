@@ -28,6 +28,12 @@ struct Batch {
   std::vector<BatchSequence> sequences;
   // Rows whose logits the forward returns, in this order.
   std::vector<int32_t> logit_rows;
+  // KV the engine copied in its pool before this step, as (from, to) pairs
+  // flattened: whole blocks (copy on write) and recurrent-state slots (a
+  // forked sibling's). The forward ignores them; a tensor-parallel worker
+  // on another host, which keeps its own share of the pool, repeats them.
+  std::vector<int32_t> block_copies;
+  std::vector<int32_t> state_copies;
 
   // Appends `tokens` of one sequence at positions first_position, ...; asks
   // for the logits of its last row when want_logits. Returns that row.
