@@ -7,7 +7,8 @@
 // payload. Everything read is input from the wire: a bad magic or a payload
 // over the reader's bound ends the link with an error, never an assert.
 // Every send and every receive is bounded (poll in slices); a closed or
-// reset connection is an error naming the peer.
+// reset connection is an error naming the peer, and keepalive probes end a
+// link whose peer's host vanished silently within about 25 s.
 //
 // Not authenticated, like the gloo group the workers form: bind it to an
 // address only the cluster's hosts reach (the default is loopback).

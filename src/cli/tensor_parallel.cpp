@@ -36,6 +36,9 @@ namespace {
 constexpr uint32_t kStepSlots = 4;
 constexpr uint32_t kReplySlots = 2;
 constexpr uint64_t kReplyTextBytes = 64 << 10;
+constexpr const char* kKvLostMessage =
+    "the KV cache was lost with a tensor-parallel worker on another host that was replaced by a new process: "
+    "resend the request";
 
 // The process state letter of /proc/<pid>/stat (R, S, D, T, Z, ...), '?' if unknown.
 char process_state(pid_t pid) {
@@ -544,6 +547,9 @@ void TensorParallelExecutor::forward(const Batch& batch, float* logits) {
     // A failed set of workers is replaced before the next step runs.
     const std::string error = restart_workers();
     if (!error.empty()) throw ExecutorError("tensor-parallel workers are not running: " + error);
+    // This step's KV (and every other request's) went with the worker
+    // that was replaced: nothing may run on it (take_kv_lost tells the engine).
+    if (kv_lost_) throw ExecutorError(kKvLostMessage);
   }
   const int64_t step = ++step_id_;
   const std::vector<uint8_t> bytes = encode_batch(batch);
@@ -560,7 +566,7 @@ void TensorParallelExecutor::forward(const Batch& batch, float* logits) {
     for (int r = options_.n_local(); r < options_.size; ++r) {
       try {
         workers_[static_cast<size_t>(r)].remote->link->send(static_cast<uint32_t>(StepKind::kStep), step, bytes,
-                                                             options_.soft_deadline_ms);
+                                                             options_.timeout_ms);
       } catch (const std::exception& e) {
         throw RingError(RingError::Kind::kPeerGone, who(r) + ": its step could not be sent: " + e.what());
       }

@@ -677,8 +677,7 @@ void EngineCore::forget_lost_kv(const std::string& why) {
   if (!executor_->take_kv_lost()) return;
   // Nothing computed before can be trusted: every request holding blocks
   // ends, and no later prompt may match a cached block.
-  fail_all(why.empty() ? "the KV cache was lost with a tensor-parallel worker that was replaced: resend the request"
-                       : why);
+  fail_all(why.empty() ? "the KV cache was lost with a tensor-parallel worker that was replaced: resend the request" : why);
   blocks_->forget_cached();
   publish();
 }
