@@ -66,6 +66,7 @@ std::vector<int32_t> bench_tokens(int64_t n, int64_t n_vocab, uint64_t salt) {
 
 struct BenchResult {
   double pp_tps = 0, tg_tps = 0, bandwidth_bps = 0;
+  kernels::ReadBandwidth bandwidth;
   std::vector<std::pair<int, double>> batched_tps;
   OpProfile pp_profile, tg_profile, batched_profile;  // batched: the largest batch's decode steps
 };
@@ -98,6 +99,13 @@ void print_profile_json(const char* key, const OpProfile& p) {
     std::printf("%s\"%s_ms\": %.4f", i ? ", " : "", std::string(name(static_cast<Op>(i))).c_str(),
                 p.forwards ? static_cast<double>(p.ns[i]) / 1e6 / static_cast<double>(p.forwards) : 0.0);
   std::printf("}");
+}
+
+void print_bandwidth(const kernels::ReadBandwidth& b, int threads) {
+  std::printf("memory read bandwidth: best %.2f GB/s, median %.2f, worst %.2f over %zu passes of %.2f GiB (%s loop, %d "
+              "threads)\n",
+              b.best_bps / 1e9, b.median_bps / 1e9, b.worst_bps / 1e9, b.runs_bps.size(),
+              static_cast<double>(b.size_bytes) / (1 << 30), b.loop, threads);
 }
 
 void run_bench_model(const BenchArgs& a) {
@@ -235,7 +243,8 @@ void run_bench_model(const BenchArgs& a) {
   }
 
   progress("memory bandwidth");
-  r.bandwidth_bps = kernels::measure_read_bandwidth(pool);
+  r.bandwidth = kernels::measure_read_bandwidth(pool);
+  r.bandwidth_bps = r.bandwidth.best_bps;
   const double bytes_per_token = static_cast<double>(model.weight_bytes_per_step());
   const double roofline_tps = r.bandwidth_bps / bytes_per_token;
 
@@ -250,8 +259,10 @@ void run_bench_model(const BenchArgs& a) {
     for (size_t i = 0; i < r.batched_tps.size(); ++i)
       std::printf("%s\"%d\": %.2f", i ? ", " : "", r.batched_tps[i].first, r.batched_tps[i].second);
     std::printf("}, \"weight_bytes_per_token\": %.0f, \"memory_bandwidth_gbps\": %.2f, \"roofline_tg_tps\": %.2f, "
-                "\"roofline_ratio\": %.3f, \"load_s\": %.3f, \"interleaved_bytes\": %llu, \"load_max_rss_mib\": %.1f",
-                bytes_per_token, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps / roofline_tps, lm.load_seconds,
+                "\"roofline_ratio\": %.3f, \"memory_bandwidth_median_gbps\": %.2f, \"memory_bandwidth_worst_gbps\": %.2f, "
+                "\"load_s\": %.3f, \"interleaved_bytes\": %llu, \"load_max_rss_mib\": %.1f",
+                bytes_per_token, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps / roofline_tps,
+                r.bandwidth.median_bps / 1e9, r.bandwidth.worst_bps / 1e9, lm.load_seconds,
                 static_cast<unsigned long long>(model.interleaved_bytes()), load_rss_mib);
     if (a.profile) {
       print_profile_json("profile_pp", r.pp_profile);
@@ -272,6 +283,7 @@ void run_bench_model(const BenchArgs& a) {
   std::printf("roofline: %.1f MB of weights per decode step / %.2f GB/s measured read bandwidth = %.1f tokens/s "
               "possible; achieved %.1f = %.0f%%\n",
               bytes_per_token / 1e6, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps, 100.0 * r.tg_tps / roofline_tps);
+  print_bandwidth(r.bandwidth, pool.size());
   std::printf("load: %.2f s, %.1f MB of weights interleaved, peak resident memory after load %.0f MiB\n",
               lm.load_seconds, static_cast<double>(model.interleaved_bytes()) / 1e6, load_rss_mib);
   if (a.profile) {
@@ -303,6 +315,22 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--profile", a->profile,
                 "Also print a per-op time breakdown of prompt processing and generation");
   cmd->callback([a] { run_bench_model(*a); });
+
+  struct BandwidthArgs {
+    int threads = 0, passes = 8;
+    double gib = 1.0;
+  };
+  auto bw = std::make_shared<BandwidthArgs>();
+  CLI::App* bandwidth = bench->add_subcommand("bandwidth", "The memory read bandwidth probe that bench model's roofline uses");
+  bandwidth->add_option("-t,--threads", bw->threads, "Threads (0 = one per core)")->check(CLI::Range(0, 1024));
+  bandwidth->add_option("--passes", bw->passes, "Passes over the buffer (best, median and worst reported)")
+      ->check(CLI::Range(1, 1000));
+  bandwidth->add_option("--gib", bw->gib, "Buffer size in GiB")->check(CLI::Range(0.01, 64.0));
+  bandwidth->callback([bw] {
+    ThreadPool pool(bw->threads);
+    print_bandwidth(kernels::measure_read_bandwidth(pool, static_cast<size_t>(bw->gib * (1 << 30)), bw->passes),
+                    pool.size());
+  });
 
   struct ServeArgs {
     loadgen::LoadConfig config;

@@ -4,51 +4,59 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
+#include "kernels/isa.h"
+#include "kernels/read_stream.h"
+#include "util/anonymous_memory.h"
 #include "util/clock.h"
 #include "util/thread_pool.h"
 
 namespace tandem::kernels {
 
-double measure_read_bandwidth(ThreadPool& pool, size_t size_bytes, int repeats) {
-  const size_t n = size_bytes / sizeof(uint64_t);
-  std::vector<uint64_t> buf(n);
-  // Touch every page in parallel so the first timed pass is not page faults.
-  pool.parallel_for(static_cast<int64_t>(n), 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) buf[static_cast<size_t>(i)] = static_cast<uint64_t>(i);
+uint64_t read_stream_scalar(const uint8_t* p, size_t bytes) {
+  uint64_t a[8] = {};
+  for (const uint8_t* end = p + bytes; p < end; p += 512)
+    for (int j = 0; j < 8; ++j) {
+      const auto* line = reinterpret_cast<const uint64_t*>(p + 64 * j);
+      for (int w = 0; w < 8; ++w) a[j] += line[w];
+    }
+  uint64_t s = 0;
+  for (uint64_t v : a) s += v;
+  return s;
+}
+
+ReadBandwidth measure_read_bandwidth(ThreadPool& pool, size_t size_bytes, int repeats) {
+  using Loop = uint64_t (*)(const uint8_t*, size_t);
+  Loop loop = read_stream_scalar;
+  ReadBandwidth r;
+  r.loop = "scalar";
+  if (isa_supported(Isa::kAvx512)) loop = read_stream_avx512, r.loop = "avx512";
+  else if (isa_supported(Isa::kAvx2)) loop = read_stream_avx2, r.loop = "avx2";
+
+  constexpr size_t kSliceAlign = 2 << 20;  // whole huge pages per thread
+  const size_t threads = static_cast<size_t>(pool.size());
+  const size_t slice = std::max(kSliceAlign, size_bytes / threads / kSliceAlign * kSliceAlign);
+  r.size_bytes = slice * threads;
+  AnonymousMemory buf(r.size_bytes);
+  // Each thread touches (so faults in, on its own node) the slice it reads.
+  pool.run([&](int t, int) {
+    uint8_t* p = buf.data() + static_cast<size_t>(t) * slice;
+    for (size_t i = 0; i < slice; i += 4096) std::memset(p + i, static_cast<int>(i >> 12), 64);
   });
   std::atomic<uint64_t> sink{0};
-  double best = 0.0;
   for (int rep = 0; rep < repeats; ++rep) {
     Stopwatch sw;
-    pool.parallel_for(static_cast<int64_t>(n), 4096, [&](int64_t b, int64_t e) {
-      // Read the way a decode GEMV does: several streams at once, each
-      // prefetched ahead, so the probe measures the memory system rather
-      // than one stream's latency (a single stream read 38.5 GB/s on a VM
-      // whose 8-row GEMV streamed 42-47 GB/s).
-      constexpr int kStreams = 8;
-      constexpr int64_t kLineWords = 64 / sizeof(uint64_t);
-      constexpr int64_t kAheadWords = 512 / sizeof(uint64_t);
-      const int64_t len = (e - b) / (kStreams * kLineWords) * kLineWords;
-      uint64_t s[kStreams][kLineWords] = {};
-      const uint64_t* base = buf.data() + b;
-      for (int64_t i = 0; i < len; i += kLineWords) {
-        for (int j = 0; j < kStreams; ++j) {
-          const uint64_t* p = base + j * len + i;
-          __builtin_prefetch(p + kAheadWords);
-          for (int64_t w = 0; w < kLineWords; ++w) s[j][w] += p[w];
-        }
-      }
-      uint64_t total = 0;
-      for (int64_t i = b + kStreams * len; i < e; ++i) total += buf[static_cast<size_t>(i)];
-      for (const auto& stream : s)
-        for (uint64_t v : stream) total += v;
-      sink.fetch_add(total, std::memory_order_relaxed);
+    pool.run([&](int t, int) {
+      sink.fetch_add(loop(buf.data() + static_cast<size_t>(t) * slice, slice), std::memory_order_relaxed);
     });
-    best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / sw.elapsed_s());
+    r.runs_bps.push_back(static_cast<double>(r.size_bytes) / sw.elapsed_s());
   }
-  return best;
+  std::vector<double> sorted = r.runs_bps;
+  std::sort(sorted.begin(), sorted.end());
+  r.worst_bps = sorted.front();
+  r.best_bps = sorted.back();
+  r.median_bps = sorted[sorted.size() / 2];
+  return r;
 }
 
 }  // namespace tandem::kernels

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 namespace tandem {
 class ThreadPool;
@@ -10,8 +11,20 @@ class ThreadPool;
 
 namespace tandem::kernels {
 
-// Reads a buffer of `size_bytes` (much larger than the caches) with every pool
-// thread, `repeats` times, and returns the best rate in bytes per second.
-double measure_read_bandwidth(ThreadPool& pool, size_t size_bytes = size_t{1} << 30, int repeats = 5);
+struct ReadBandwidth {
+  double best_bps = 0;    // the roofline uses this one
+  double median_bps = 0;
+  double worst_bps = 0;
+  std::vector<double> runs_bps;  // in the order measured
+  size_t size_bytes = 0;
+  const char* loop = "";  // which inner loop read (read_stream.h)
+};
+
+// Reads a buffer of `size_bytes` (much larger than the caches; transparent
+// huge pages asked for; each thread's slice first touched by that thread)
+// `repeats` times. Each pass: every pool thread reads one contiguous slice
+// with the widest loop the CPU has (eight independent 64-byte streams into
+// eight accumulators), as a tuned streaming kernel reads.
+ReadBandwidth measure_read_bandwidth(ThreadPool& pool, size_t size_bytes = size_t{1} << 30, int repeats = 8);
 
 }  // namespace tandem::kernels
