@@ -28,7 +28,9 @@ static uint64_t read_slice(const uint8_t* p, size_t bytes) {
   }
   a0 = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)),
                         _mm512_add_epi64(_mm512_add_epi64(a4, a5), _mm512_add_epi64(a6, a7)));
-  return (uint64_t)_mm512_reduce_add_epi64(a0);
+  uint64_t lanes[8] __attribute__((aligned(64)));
+  _mm512_store_si512(lanes, a0);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
 #else
   uint64_t a[8] = {0};
   for (const uint8_t* end = p + bytes; p < end; p += 512)

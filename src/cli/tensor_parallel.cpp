@@ -161,6 +161,11 @@ TensorParallelExecutor::TensorParallelExecutor(const TensorParallelOptions& opti
                 options.n_local() <= std::min(options.size, parallel::kMaxRingReaders) && options.n_vocab > 0);
   dir_ = std::filesystem::path(kv_path).parent_path().string();
   group_base_ = dir_;
+  // The status page before any thread: a throw below leaves nothing running.
+  status_bytes_ = sizeof(WorkerStatus) * static_cast<size_t>(options.size);
+  std::string error;
+  status_ = static_cast<WorkerStatus*>(map_shared_file(dir_ + "/status", status_bytes_, true, &error));
+  if (status_ == nullptr) throw Error("the tensor-parallel status page: " + error);
   if (options.cross_host()) {
     if (options.rendezvous_dir.empty())
       throw Error("workers on other hosts (--tensor-parallel-local-workers " + std::to_string(options.n_local()) +
@@ -178,10 +183,6 @@ TensorParallelExecutor::TensorParallelExecutor(const TensorParallelOptions& opti
                  "--rank R --model FILE --host THEIR_ADDRESS)\n",
                  options.n_local(), options.size - 1, at.c_str(), at.c_str());
   }
-  status_bytes_ = sizeof(WorkerStatus) * static_cast<size_t>(options.size);
-  std::string error;
-  status_ = static_cast<WorkerStatus*>(map_shared_file(dir_ + "/status", status_bytes_, true, &error));
-  if (status_ == nullptr) throw Error("the tensor-parallel status page: " + error);
   workers_.resize(static_cast<size_t>(options.size));
   try {
     start_workers(options.start_timeout_ms);
@@ -354,10 +355,28 @@ void TensorParallelExecutor::start_workers(int64_t join_wait_ms) {
       }
     }
   } catch (const std::exception& e) {
+    // A worker that could not start said why before it exited, maybe after
+    // the wait for an earlier one's reply saw it go: its own words first.
+    std::string why = e.what();
+    for (int r = 0; r < n_local; ++r) {
+      BroadcastRing* ring = workers_[static_cast<size_t>(r)].replies.get();
+      if (ring == nullptr || !ring->readable()) continue;
+      try {
+        RingWait w;
+        w.soft_deadline_ms = 0;
+        w.hard_deadline_ms = 100;
+        BroadcastRing::ReadGuard g = ring->read(w);
+        const auto& p = g.message().payload;
+        if (static_cast<ReplyKind>(g.message().kind) != ReplyKind::kFailed) continue;
+        why = who(r) + " did not start: " + std::string(p.begin() + std::min<size_t>(p.size(), 4), p.end());
+        break;
+      } catch (const std::exception&) {
+      }
+    }
     stop_workers(false);
     std::lock_guard<std::mutex> lock(mu_);
-    last_error_ = e.what();
-    throw Error(std::string("the tensor-parallel workers did not start: ") + e.what());
+    last_error_ = why;
+    throw Error("the tensor-parallel workers did not start: " + why);
   }
   for (auto& w : workers_)
     if (w.replies) w.replies->unlink();

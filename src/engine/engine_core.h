@@ -168,10 +168,10 @@ class EngineCore {
   // Runs a scheduled step: the forward, sampling, outputs.
   void run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& step_sw, int64_t schedule_ns);
   void publish();
-  // Ends every live request with `error` (the group failed under them).
   // After the executor lost the KV of every block (take_kv_lost): fails
   // every live request (with `why`, or a default) and forgets the prefix cache.
   void forget_lost_kv(const std::string& why);
+  // Ends every live request with `error` (the group failed under them).
   void fail_all(const std::string& error);
   // Ends every request not yet admitted with `error` (no group to serve it).
   void fail_pending_adds(const std::string& error);

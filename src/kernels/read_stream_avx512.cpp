@@ -18,7 +18,12 @@ uint64_t read_stream_avx512(const uint8_t* p, size_t bytes) {
   }
   const __m512i s = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)),
                                      _mm512_add_epi64(_mm512_add_epi64(a4, a5), _mm512_add_epi64(a6, a7)));
-  return static_cast<uint64_t>(_mm512_reduce_add_epi64(s));
+  // Summed as unsigned (the reduce intrinsic adds signed, which may overflow).
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, s);
+  uint64_t sum = 0;
+  for (uint64_t v : lanes) sum += v;
+  return sum;
 }
 
 }  // namespace tandem::kernels
