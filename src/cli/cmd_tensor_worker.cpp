@@ -434,8 +434,7 @@ int run_joined_worker(const JoinArgs& a) {
         throw Error("its model file " + path + " is not the engine core's (another file, or other weights); give "
                     "--model the same GGUF");
       if (!kv || kv->shape().n_blocks != job.kv_blocks) kv = std::make_unique<KvPool>(kv_shape_of(*model, job));
-      const int threads = a.threads > 0 ? a.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-      if (!pool) pool = std::make_unique<ThreadPool>(threads);
+      if (!pool) pool = std::make_unique<ThreadPool>(a.threads);  // 0: one per core
     } catch (const std::exception& e) {
       ch.reply_failed(0, true, who + " could not start: " + e.what());
       std::fprintf(stderr, "tandem: %s could not start: %s\n", who.c_str(), e.what());
