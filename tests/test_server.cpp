@@ -1115,6 +1115,41 @@ TEST(ServerAuth, ApiKeyIsRequiredExceptForHealthAndMetrics) {
 }
 
 // ---------------------------------------------------------------------------
+// A KV pool smaller than the model's context sets max_model_len
+
+TEST(ServerContext, APoolSmallerThanTheContextSetsMaxModelLenAndAChatWithoutMaxTokensFinishes) {
+  EngineConfig ec = engine_config();
+  const Model& m = *tiny().model;
+  const int64_t n_blocks = 40;  // 160 tokens of the tiny preset's 512
+  ec.kv_cache_bytes = static_cast<int64_t>(KvPool::bytes_per_block(m.kv_shape(1, ec.block_size, ec.kv_dtype, ec.max_num_seqs))) * n_blocks;
+  Instance inst(ec);
+  ASSERT_EQ(inst.engine().n_kv_blocks(), n_blocks);
+  EXPECT_TRUE(inst.engine().max_model_len_capped_by_cache());
+  EXPECT_EQ(inst.engine().max_model_len(), n_blocks * ec.block_size);
+  const Reply models = get(inst.port(), "/v1/models");
+  EXPECT_EQ(models.j["data"][0]["max_model_len"], n_blocks * ec.block_size);
+  // No max_tokens: the completion may fill the context, and the pool holds it.
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "tell me everything"}}}},
+                     {"temperature", 0}, {"ignore_eos", true}};
+  const Reply r = post(inst.port(), "/v1/chat/completions", chat);
+  ASSERT_EQ(r.status, 200) << r.j.dump();
+  EXPECT_EQ(r.j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r.j["usage"]["total_tokens"], n_blocks * ec.block_size);
+  EXPECT_TRUE(inst.drained());
+
+  // Given explicitly, max_model_len is the operator's: a request the pool
+  // cannot hold is refused as such, not silently shortened.
+  ec.max_model_len = 300;
+  Instance explicit_len(ec);
+  EXPECT_FALSE(explicit_len.engine().max_model_len_capped_by_cache());
+  EXPECT_EQ(explicit_len.engine().max_model_len(), 300);
+  const Reply too_big = post(explicit_len.port(), "/v1/chat/completions", chat);
+  EXPECT_EQ(too_big.status, 400) << too_big.j.dump();
+  EXPECT_EQ(too_big.j["error"]["code"], "request_too_large") << too_big.j.dump();
+  EXPECT_TRUE(explicit_len.drained());
+}
+
+// ---------------------------------------------------------------------------
 // Admission control: a full waiting queue answers 429
 
 TEST(ServerQueue, FullQueueAnswers429) {

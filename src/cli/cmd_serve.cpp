@@ -169,6 +169,11 @@ void run_serve(ServeArgs& a) {
     tp = std::make_unique<TensorParallelExecutor>(a.tp, engine.kv_pool(), tp_dir->kv_path());
     engine.set_executor(tp.get());
   }
+  if (engine.max_model_len_capped_by_cache())
+    std::fprintf(stderr, "tandem: max model len %lld, not the model's %lld: the KV cache (%lld blocks of %d tokens) "
+                 "holds no more for one sequence; give it more memory (--kv-cache-mb) or pass --max-model-len\n",
+                 static_cast<long long>(engine.max_model_len()), static_cast<long long>(lm.model->config().n_ctx_train),
+                 static_cast<long long>(engine.n_kv_blocks()), a.engine.block_size);
   if (engine.metrics().prefix_caching_off_for_recurrent_state)
     std::fprintf(stderr, "tandem: prefix caching is off for %s: a cached block holds KV, not the recurrent state "
                  "after it\n", lm.model->config().arch.c_str());
@@ -283,7 +288,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens, "Token budget per step")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-num-seqs", a->engine.max_num_seqs, "Running sequences at most")->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--max-model-len", a->engine.max_model_len, "Context length (0: the model's)");
+  cmd->add_option("--max-model-len", a->engine.max_model_len, "Context length (0: the model's, or what the KV cache holds for one sequence if less)");
   cmd->add_option("--max-waiting", a->engine.max_waiting_requests, "Admission queue bound (beyond it: HTTP 429)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--kv-cache-mb", a->kv_cache_mb, "KV cache memory in MiB (allocated and backed at start)")->check(CLI::Range(1, 1 << 24));

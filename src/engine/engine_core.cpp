@@ -60,6 +60,13 @@ EngineCore::EngineCore(Model& model, const Tokenizer& tokenizer, const EngineCon
   KvPoolShape shape = model.kv_shape(1, config.block_size, config.kv_dtype, config.max_num_seqs);
   n_blocks_ = std::max<int64_t>(1, config.kv_cache_bytes / static_cast<int64_t>(KvPool::bytes_per_block(shape)));
   shape.n_blocks = n_blocks_;
+  // Left to default, the context is what one sequence can hold in the pool:
+  // a longer one only turns a request without max_tokens (whose completion
+  // fills the context) into a "too large for the cache" refusal.
+  if (const int64_t pool_tokens = n_blocks_ * config.block_size; config.max_model_len <= 0 && max_model_len_ > pool_tokens) {
+    max_model_len_ = pool_tokens;
+    max_model_len_capped_ = true;
+  }
   pool_ = std::make_unique<ThreadPool>(config.threads);
   kv_ = std::make_unique<KvPool>(shape, config.kv_backing);
   if (mc.hybrid()) states_ = std::make_unique<StateSlots>(shape.n_state_slots);

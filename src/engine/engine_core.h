@@ -47,7 +47,7 @@ struct EngineConfig {
   int block_size = 16;
   kernels::DType kv_dtype = kernels::DType::kF16;
   bool enable_prefix_caching = true;
-  int64_t max_model_len = 0;  // 0 = the model's training context
+  int64_t max_model_len = 0;  // 0 = the model's training context, or what the KV pool holds if less
   int threads = 0;            // 0 = one per core
   int idle_wait_ms = 50;      // bounded wait of an idle loop
   // Where the KV pool lives (a shared file when tensor-parallel workers map it).
@@ -142,6 +142,9 @@ class EngineCore {
   uint64_t steps() const { return step_.load(std::memory_order_acquire); }
   const EngineMetrics& metrics() const { return metrics_; }
   int64_t max_model_len() const { return max_model_len_; }
+  // True when max_model_len was left to default and the KV pool holds fewer
+  // tokens than the model's training context, so the pool set it.
+  bool max_model_len_capped_by_cache() const { return max_model_len_capped_; }
   int64_t n_kv_blocks() const { return n_blocks_; }
   int64_t max_waiting_requests() const { return config_.max_waiting_requests; }
   // Snapshot of the KV accounting (taken on the engine thread between steps).
@@ -195,6 +198,7 @@ class EngineCore {
   const Tokenizer& tokenizer_;
   EngineConfig config_;
   int64_t max_model_len_ = 0;
+  bool max_model_len_capped_ = false;
   int64_t n_blocks_ = 0;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KvPool> kv_;
