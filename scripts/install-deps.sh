@@ -8,7 +8,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
   libucx-dev ucx-utils libgloo-dev iproute2 curl
-  spin
+  spin python3-jinja2
 )
 
 SUDO=""

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "jinja_cases.h"
 #include "server/api_error.h"
 #include "server/chat_template.h"
 #include "server/openai_protocol.h"
@@ -351,13 +352,17 @@ TEST(OpenAICompletionRequest, BadJson) {
 
 TEST(OpenAIChatRequest, Defaults) {
   const ChatRequest r = chat(chbody(""));
-  ASSERT_EQ(r.messages.size(), 1u);
-  EXPECT_EQ(r.messages[0].role, "user");
-  EXPECT_EQ(r.messages[0].content, "Hi");
+  const auto& msgs = r.conversation.messages;
+  ASSERT_EQ(msgs.size(), 1u);
+  EXPECT_EQ(msgs[0]["role"], "user");
+  EXPECT_EQ(msgs[0]["content"], "Hi");
   EXPECT_FALSE(r.max_tokens.has_value());  // the rest of the context
   EXPECT_EQ(r.sampling.logprobs, -1);
   EXPECT_FALSE(r.stream);
-  EXPECT_TRUE(r.add_generation_prompt);
+  EXPECT_TRUE(r.conversation.add_generation_prompt);
+  EXPECT_TRUE(r.conversation.tools.is_null());
+  EXPECT_TRUE(r.conversation.documents.is_null());
+  EXPECT_TRUE(r.conversation.template_kwargs.empty());
 }
 
 TEST(OpenAIChatRequest, MessagesAndRoles) {
@@ -369,15 +374,38 @@ TEST(OpenAIChatRequest, MessagesAndRoles) {
       {"role": "assistant", "content": null},
       {"role": "assistant", "content": "A", "tool_calls": []},
       {"role": "user", "content": []}]})");
-  ASSERT_EQ(r.messages.size(), 6u);
-  EXPECT_EQ(r.messages[0].role, "system");  // developer is OpenAI's newer name
-  EXPECT_EQ(r.messages[0].content, "Be brief.");
-  EXPECT_EQ(r.messages[1].role, "system");
-  EXPECT_EQ(r.messages[2].content, "part one\npart two");
-  EXPECT_EQ(r.messages[3].role, "assistant");
-  EXPECT_EQ(r.messages[3].content, "");
-  EXPECT_EQ(r.messages[4].content, "A");
-  EXPECT_EQ(r.messages[5].content, "");
+  const auto& m = r.conversation.messages;
+  ASSERT_EQ(m.size(), 6u);
+  EXPECT_EQ(m[0]["role"], "system");  // developer is OpenAI's newer name
+  EXPECT_EQ(m[0]["content"], "Be brief.");
+  EXPECT_EQ(m[1]["role"], "system");
+  EXPECT_EQ(m[1]["name"], "ignored");  // other keys reach the template as sent
+  EXPECT_EQ(m[2]["content"], "part one\npart two");
+  EXPECT_EQ(m[3]["role"], "assistant");
+  EXPECT_TRUE(m[3]["content"].is_null());  // templates test "content is none"
+  EXPECT_EQ(m[4]["content"], "A");
+  EXPECT_EQ(m[5]["content"], "");
+}
+
+TEST(OpenAIChatRequest, ToolsToolCallsAndToolResultsReachTheTemplate) {
+  const ChatRequest r = chat(R"({"messages": [
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]},
+      {"role": "tool", "content": "21C", "tool_call_id": "c1"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "b": 1, "a": 2}}}],
+    "tool_choice": "none", "documents": [{"text": "d"}], "chat_template_kwargs": {"enable_thinking": false}})");
+  const auto& m = r.conversation.messages;
+  ASSERT_EQ(m.size(), 3u);
+  // arguments arrive as the object the JSON string held (vLLM does the same for templates).
+  EXPECT_EQ(m[1]["tool_calls"][0]["function"]["arguments"]["city"], "Paris");
+  EXPECT_EQ(m[1]["tool_calls"][0]["function"]["arguments"]["days"], 2);
+  EXPECT_EQ(m[2]["role"], "tool");
+  EXPECT_EQ(m[2]["tool_call_id"], "c1");
+  // the client's key order is kept, for the template's tojson
+  EXPECT_EQ(r.conversation.tools.dump(), R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","b":1,"a":2}}}])");
+  EXPECT_EQ(r.conversation.documents.size(), 1u);
+  EXPECT_EQ(r.conversation.template_kwargs["enable_thinking"], false);
 }
 
 TEST(OpenAIChatRequest, SamplingAndLimits) {
@@ -394,7 +422,7 @@ TEST(OpenAIChatRequest, SamplingAndLimits) {
   EXPECT_EQ(r.sampling.n, 2);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
-  EXPECT_FALSE(r.add_generation_prompt);
+  EXPECT_FALSE(r.conversation.add_generation_prompt);
   EXPECT_EQ(r.sampling.logit_bias.size(), 1u);
   // max_completion_tokens (OpenAI's newer name) wins over max_tokens.
   r = chat(chbody(R"("max_tokens": 50, "max_completion_tokens": 20)"));
@@ -434,7 +462,8 @@ TEST(OpenAIChatRequest, UnsupportedFeaturesNameTheField) {
   };
   const std::string tool = R"({"type": "function", "function": {"name": "f"}})";
   for (const Case& c : {
-           Case{chbody("\"tools\": [" + tool + "]"), "tools"},
+           Case{chbody("\"tools\": [" + tool + "]"), "tool_choice"},  // auto by default with tools
+           Case{chbody("\"tools\": [" + tool + "], \"tool_choice\": \"auto\""), "tool_choice"},
            Case{chbody("\"functions\": [{\"name\": \"f\"}]"), "functions"},
            Case{chbody(R"("tool_choice": "required")"), "tool_choice"},
            Case{chbody(R"("tool_choice": {"type": "function", "function": {"name": "f"}})"),
@@ -443,17 +472,11 @@ TEST(OpenAIChatRequest, UnsupportedFeaturesNameTheField) {
            Case{chbody(R"("response_format": {"type": "json_object"})"), "response_format"},
            Case{chbody(R"("response_format": {"type": "json_schema", "json_schema": {}})"),
                 "response_format"},
-           Case{R"({"messages": [{"role": "user", "content": "a"},
-                                 {"role": "tool", "content": "r", "tool_call_id": "1"}]})",
-                "messages[1].role"},
            Case{R"({"messages": [{"role": "function", "content": "r"}]})", "messages[0].role"},
            Case{R"({"messages": [{"role": "user", "content": [
                     {"type": "text", "text": "a"},
                     {"type": "image_url", "image_url": {"url": "http://x"}}]}]})",
                 "messages[0].content[1].type"},
-           Case{R"({"messages": [{"role": "user", "content": "q"},
-                    {"role": "assistant", "content": null, "tool_calls": [{"id": "1"}]}]})",
-                "messages[1].tool_calls"},
        }) {
     const ApiError err = chat_error(c.body);
     expect_error(err, 400, c.param, "unsupported_parameter", c.body);
@@ -494,6 +517,19 @@ TEST(OpenAIChatRequest, BadMessages) {
                 "messages[0].content[0].text", "invalid_type"},
            Case{R"({"messages": [{"role": "user", "content": "a"}, {"role": "user"}]})",
                 "messages[1].content", "missing_required_parameter"},
+           Case{R"({"messages": [{"role": "tool"}]})", "messages[0].content", "missing_required_parameter"},
+           Case{R"({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "1"}]}]})",
+                "messages[0].tool_calls[0].function", "missing_required_parameter"},
+           Case{R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]})",
+                "messages[0].tool_calls[0].function.name", "missing_required_parameter"},
+           Case{R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]}]})",
+                "messages[0].tool_calls[0].function.arguments", "invalid_value"},
+           Case{R"({"messages": [{"role": "assistant", "tool_calls": {}}]})", "messages[0].tool_calls", "invalid_type"},
+           Case{R"({"messages": [{"role": "user", "content": "q", "tool_calls": []}]})", "messages[0].tool_calls", "invalid_value"},
+           Case{R"({"messages": [{"role": "user", "content": "q"}], "chat_template_kwargs": []})", "chat_template_kwargs", "invalid_type"},
+           Case{R"({"messages": [{"role": "user", "content": "q"}], "chat_template_kwargs": {"messages": []}})", "chat_template_kwargs", "invalid_value"},
+           Case{R"({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "function"}], "tool_choice": "none"})", "tools[0].function", "missing_required_parameter"},
+           Case{R"({"messages": [{"role": "user", "content": "q"}], "documents": {}})", "documents", "invalid_type"},
        }) {
     expect_error(chat_error(c.body), 400, c.param, c.code, c.body);
   }
@@ -540,8 +576,8 @@ TEST(OpenAITokenize, PromptAndMessages) {
       R"({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false,
           "add_special_tokens": true, "return_token_strs": true})"));
   EXPECT_TRUE(r.is_chat);
-  ASSERT_EQ(r.messages.size(), 1u);
-  EXPECT_FALSE(r.add_generation_prompt);
+  ASSERT_EQ(r.conversation.messages.size(), 1u);
+  EXPECT_FALSE(r.conversation.add_generation_prompt);
   EXPECT_EQ(r.add_special_tokens, true);
   EXPECT_TRUE(r.return_token_strs);
 
@@ -994,10 +1030,10 @@ bool fuzz_one(FuzzTarget target, const std::string& body, Rng& rng,
     case kChat: {
       const auto r = parse_chat_request(body, kVocab);
       if (!count(r)) return false;
-      const auto& messages = std::get<ChatRequest>(r).messages;
-      EXPECT_FALSE(messages.empty()) << body;
+      const ChatConversation& conversation = std::get<ChatRequest>(r).conversation;
+      EXPECT_FALSE(conversation.messages.empty()) << body;
       for (const ChatTemplate& t : templates) {
-        const auto rendered = t.render(messages);
+        const auto rendered = t.render(conversation);
         if (const auto* err = std::get_if<ApiError>(&rendered)) {
           EXPECT_EQ(err->status, 400);
         }
@@ -1012,12 +1048,11 @@ bool fuzz_one(FuzzTarget target, const std::string& body, Rng& rng,
 }
 
 TEST(OpenAIProtocolFuzz, MutatedBodiesGiveARequestOrA4xx) {
-  const std::vector<ChatTemplate> templates = {
-      ChatTemplate::for_family(ChatFamily::kChatML, "", "<|im_end|>"),
-      ChatTemplate::for_family(ChatFamily::kLlama3, "<|begin_of_text|>", "<|eot_id|>"),
-      ChatTemplate::for_family(ChatFamily::kLlama2, "<s>", "</s>"),
-      ChatTemplate::for_family(ChatFamily::kMistral, "<s>", "</s>"),
-  };
+  // Every mutated conversation that parses goes through the chat-shaped
+  // test templates: a render is a prompt or a 400, never a crash.
+  std::vector<ChatTemplate> templates;
+  for (const auto& [name, source] : test::jinja_chat_templates())
+    templates.push_back(ChatTemplate::from_options("", source, "<s>", "</s>"));
   Rng rng(20240611);
   int parsed = 0, rejected = 0, field_errors = 0;
   for (int i = 0; i < 20000; ++i) {

@@ -505,6 +505,57 @@ TEST_F(ServerApi, TokenizeAndDetokenizeRoundTrip) {
   EXPECT_EQ(c.j["usage"]["prompt_tokens"], chat_ids.size());
 }
 
+// The chat template is the model's Jinja (here given by --chat-template):
+// tools, chat_template_kwargs and add_generation_prompt reach it, /tokenize
+// shows exactly what it produced, and a template that refuses a
+// conversation is a 400 that leaves the server serving.
+TEST(ServerChatTemplate, KwargsAndToolsReachTheTemplateAndARefusalIsA400) {
+  ServerConfig sc;
+  sc.chat_template =
+      "{% if messages[0].role == 'assistant' %}{{ raise_exception('a conversation cannot start with the assistant') }}{% endif %}"
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if tools %}<|im_start|>system\n{{ tools|map(attribute='function.name')|join(',') }}<|im_end|>\n{% endif %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is false %}no-think {% endif %}{% endif %}";
+  EngineConfig ec;
+  Instance inst(ec, sc);
+  const json messages = chat_body(1)["messages"];
+  const std::string base =
+      "<|im_start|>system\nYou are a terse assistant.<|im_end|>\n<|im_start|>user\nName three rivers.<|im_end|>\n";
+
+  const Reply plain = post(inst.port(), "/tokenize", {{"messages", messages}});
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  EXPECT_EQ(plain.j["tokens"].get<std::vector<int32_t>>(), tiny().tokenizer->encode(base + "<|im_start|>assistant\n", true, true));
+  const Reply kw = post(inst.port(), "/tokenize", {{"messages", messages}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  ASSERT_EQ(kw.status, 200) << kw.body;
+  EXPECT_EQ(kw.j["tokens"].get<std::vector<int32_t>>(), tiny().tokenizer->encode(base + "<|im_start|>assistant\nno-think ", true, true));
+  const Reply no_gen = post(inst.port(), "/tokenize", {{"messages", messages}, {"add_generation_prompt", false}});
+  ASSERT_EQ(no_gen.status, 200) << no_gen.body;
+  EXPECT_EQ(no_gen.j["tokens"].get<std::vector<int32_t>>(), tiny().tokenizer->encode(base, true, true));
+
+  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "get_weather"}}}},
+                                  {{"type", "function"}, {"function", {{"name", "search"}}}}});
+  const Reply tok_tools = post(inst.port(), "/tokenize", {{"messages", messages}, {"tools", tools}});
+  ASSERT_EQ(tok_tools.status, 200) << tok_tools.body;
+  const auto tool_ids = tok_tools.j["tokens"].get<std::vector<int32_t>>();
+  EXPECT_EQ(tool_ids, tiny().tokenizer->encode(base + "<|im_start|>system\nget_weather,search<|im_end|>\n<|im_start|>assistant\n", true, true));
+  json with_tools = chat_body(2);
+  with_tools["tools"] = tools;
+  with_tools["tool_choice"] = "none";
+  const Reply c = post(inst.port(), "/v1/chat/completions", with_tools);
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(c.j["usage"]["prompt_tokens"], tool_ids.size());
+
+  json refused = chat_body(2);
+  refused["messages"] = json::array({{{"role", "assistant"}, {"content", "I speak first."}}});
+  const Reply r = post(inst.port(), "/v1/chat/completions", refused);
+  EXPECT_TRUE(is_error(r, 400, json("messages"), json("chat_template_error")));
+  EXPECT_NE(r.body.find("a conversation cannot start with the assistant"), std::string::npos) << r.body;
+  EXPECT_TRUE(is_error(post(inst.port(), "/tokenize", {{"messages", refused["messages"]}}), 400, json("messages"), json("chat_template_error")));
+  const Reply after = post(inst.port(), "/v1/chat/completions", chat_body(2));
+  EXPECT_EQ(after.status, 200) << after.body;
+  EXPECT_TRUE(inst.drained());
+}
+
 // ---------------------------------------------------------------------------
 // /v1/completions
 
@@ -1005,7 +1056,8 @@ TEST_F(ServerApi, BadRequestsGetOpenAIErrors) {
   // Features tandem does not implement are refused, not ignored.
   json tools = chat_body(4);
   tools["tools"] = json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", json::object()}}}}});
-  EXPECT_TRUE(is_error(post(p, "/v1/chat/completions", tools), 400, json("tools"), json("unsupported_parameter")));
+  // Tools render into the prompt, but tool calls are not parsed out of the output: tool_choice "none" only.
+  EXPECT_TRUE(is_error(post(p, "/v1/chat/completions", tools), 400, json("tool_choice"), json("unsupported_parameter")));
   json suffix = completion_body("hi", 4);
   suffix["suffix"] = "end";
   EXPECT_TRUE(is_error(post(p, "/v1/completions", suffix), 400, json("suffix"), json("unsupported_parameter")));

@@ -279,7 +279,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--port", a->server.port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on API requests");
   cmd->add_option("--served-model-name", a->server.served_model_name, "Model id clients use");
-  cmd->add_option("--chat-template", a->server.chat_template, "Chat template family: chatml, llama3, llama2, mistral");
+  cmd->add_option("--chat-template", a->server.chat_template, "Jinja chat template file (or the template text) to use instead of the model's tokenizer.chat_template");
   cmd->add_option("--http-threads", a->server.http_threads, "Concurrent HTTP connections")->check(CLI::Range(4, 4096));
   cmd->add_option("--max-queued-connections", a->server.max_queued_connections,
                   "Connections that may wait beyond --http-threads (beyond: HTTP 503 at once)")

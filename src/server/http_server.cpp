@@ -274,9 +274,7 @@ void HttpServer::install_routes() {
     if (auto e = check_model(t.model, served)) return send_error(res, *e);
     std::vector<int32_t> ids;
     if (t.is_chat) {
-      ChatRenderOptions opt;
-      opt.add_generation_prompt = t.add_generation_prompt;
-      auto r = template_.render(t.messages, opt);
+      auto r = template_.render(t.conversation);
       if (auto* e = std::get_if<ApiError>(&r)) return send_error(res, *e);
       const auto& p = std::get<RenderedPrompt>(r);
       ids = tokenizer_.encode(p.text, t.add_special_tokens.value_or(p.add_special), p.parse_special);
@@ -317,9 +315,7 @@ void HttpServer::install_routes() {
       auto parsed = parse_chat_request(req.body, n_vocab);
       if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
       auto& c = std::get<ChatRequest>(parsed);
-      ChatRenderOptions opt;
-      opt.add_generation_prompt = c.add_generation_prompt;
-      auto rendered = template_.render(c.messages, opt);
+      auto rendered = template_.render(c.conversation);
       if (auto* e = std::get_if<ApiError>(&rendered)) return send_error(res, *e);
       const auto& p = std::get<RenderedPrompt>(rendered);
       prompt = tokenizer_.encode(p.text, p.add_special, p.parse_special);

@@ -52,7 +52,7 @@ struct ServerConfig {
   int port = 8000;                 // 0: any free port (see bind())
   std::string api_key;             // empty: no authentication
   std::string served_model_name;   // the id clients send as "model"
-  std::string chat_template;       // --chat-template family override (empty: detect)
+  std::string chat_template;       // --chat-template: a Jinja file (or inline text); empty: the model's
   int http_threads = 128;          // concurrent connections served
   int max_queued_connections = 128;  // beyond http_threads, waiting; beyond both: 503 at once
   int64_t max_body_bytes = 16 << 20;

@@ -13,6 +13,9 @@
 namespace tandem::server {
 
 using json = nlohmann::json;
+// Requests keep their key order: a chat template's tojson prints tools and
+// messages as the client wrote them, as Python's dicts do.
+using rjson = nlohmann::ordered_json;
 
 namespace {
 
@@ -26,7 +29,7 @@ std::string describe_number(double v) {
 // in errors carry `prefix_` ("stream_options.", "messages[2].").
 class FieldReader {
  public:
-  explicit FieldReader(const json& obj, std::string prefix = {})
+  explicit FieldReader(const rjson& obj, std::string prefix = {})
       : obj_(obj), prefix_(std::move(prefix)) {}
 
   bool ok() const { return !error_.has_value(); }
@@ -37,14 +40,14 @@ class FieldReader {
   std::string name(std::string_view key) const { return prefix_ + std::string(key); }
 
   // nullptr when absent or null: OpenAI reads an explicit null as "not given".
-  const json* get(const char* key) const {
+  const rjson* get(const char* key) const {
     const auto it = obj_.find(key);
     if (it == obj_.end() || it->is_null()) return nullptr;
     return &*it;
   }
 
   bool read_bool(const char* key, bool& out) {
-    const json* v = get(key);
+    const rjson* v = get(key);
     if (!v) return false;
     if (!v->is_boolean()) {
       fail(invalid_type(name(key), "a boolean"));
@@ -55,7 +58,7 @@ class FieldReader {
   }
 
   bool read_string(const char* key, std::string& out) {
-    const json* v = get(key);
+    const rjson* v = get(key);
     if (!v) return false;
     if (!v->is_string()) {
       fail(invalid_type(name(key), "a string"));
@@ -68,7 +71,7 @@ class FieldReader {
   // int32 fields; the semantic range is SamplingParams::validate's business.
   template <class Int>
   bool read_int(const char* key, Int& out) {
-    const json* v = get(key);
+    const rjson* v = get(key);
     if (!v) return false;
     auto r = to_int(*v, name(key), std::numeric_limits<int32_t>::min(),
                     std::numeric_limits<int32_t>::max());
@@ -78,7 +81,7 @@ class FieldReader {
   }
 
   bool read_float(const char* key, float& out) {
-    const json* v = get(key);
+    const rjson* v = get(key);
     if (!v) return false;
     auto r = to_float(*v, name(key));
     if (!r) return false;
@@ -88,7 +91,7 @@ class FieldReader {
 
   // An integer in [lo, hi]. Python clients may send 16.0 for 16, which
   // pydantic (and so vLLM) accepts; a fractional value is a type error.
-  std::optional<int64_t> to_int(const json& v, const std::string& param, int64_t lo, int64_t hi) {
+  std::optional<int64_t> to_int(const rjson& v, const std::string& param, int64_t lo, int64_t hi) {
     std::optional<int64_t> value;
     if (v.is_number_unsigned()) {
       const uint64_t u = v.get<uint64_t>();
@@ -117,7 +120,7 @@ class FieldReader {
     return value;
   }
 
-  std::optional<float> to_float(const json& v, const std::string& param) {
+  std::optional<float> to_float(const rjson& v, const std::string& param) {
     if (!v.is_number()) {
       fail(invalid_type(param, "a number"));
       return std::nullopt;
@@ -132,18 +135,18 @@ class FieldReader {
   }
 
  private:
-  const json& obj_;
+  const rjson& obj_;
   std::string prefix_;
   std::optional<ApiError> error_;
 };
 
 // The body must be a JSON object. nlohmann validates UTF-8 in strings while
 // parsing, so every string read from a parsed body is valid UTF-8.
-std::variant<json, ApiError> parse_object(std::string_view body) {
-  json doc;
+std::variant<rjson, ApiError> parse_object(std::string_view body) {
+  rjson doc;
   try {
-    doc = json::parse(body.begin(), body.end());
-  } catch (const json::exception& e) {
+    doc = rjson::parse(body.begin(), body.end());
+  } catch (const rjson::exception& e) {
     // Drop nlohmann's "[json.exception.parse_error.101] " tag; keep the position.
     std::string_view what = e.what();
     if (const size_t tag = what.find("] "); what.starts_with("[json.") && tag != what.npos)
@@ -158,11 +161,11 @@ std::variant<json, ApiError> parse_object(std::string_view body) {
 }
 
 // An array of token ids, each in [0, n_vocab).
-bool read_token_array(FieldReader& r, const json& arr, const std::string& param, int64_t n_vocab,
+bool read_token_array(FieldReader& r, const rjson& arr, const std::string& param, int64_t n_vocab,
                       std::vector<int32_t>& out) {
   out.clear();
   out.reserve(arr.size());
-  for (const json& v : arr) {
+  for (const rjson& v : arr) {
     if (!v.is_number()) {
       r.fail(invalid_type(param, "an array of integer token ids"));
       return false;
@@ -212,7 +215,7 @@ void read_sampling(FieldReader& r, int64_t n_vocab, SamplingParams& sp) {
   r.read_bool("ignore_eos", sp.ignore_eos);
   r.read_bool("include_stop_str_in_output", sp.include_stop_str_in_output);
 
-  if (const json* seed = r.get("seed")) {
+  if (const rjson* seed = r.get("seed")) {
     // Any 64-bit integer; a negative seed keeps its two's complement bits.
     if (seed->is_number_unsigned()) {
       sp.seed = seed->get<uint64_t>();
@@ -222,11 +225,11 @@ void read_sampling(FieldReader& r, int64_t n_vocab, SamplingParams& sp) {
     }
   }
 
-  if (const json* stop = r.get("stop")) {
+  if (const rjson* stop = r.get("stop")) {
     if (stop->is_string()) {
       sp.stop = {stop->get<std::string>()};
     } else if (stop->is_array()) {
-      for (const json& s : *stop) {
+      for (const rjson& s : *stop) {
         if (!s.is_string()) {
           r.fail(invalid_type("stop", "a string or an array of strings"));
           break;
@@ -238,7 +241,7 @@ void read_sampling(FieldReader& r, int64_t n_vocab, SamplingParams& sp) {
     }
   }
 
-  if (const json* ids = r.get("stop_token_ids")) {
+  if (const rjson* ids = r.get("stop_token_ids")) {
     if (!ids->is_array()) {
       r.fail(invalid_type("stop_token_ids", "an array of integer token ids"));
     } else {
@@ -246,7 +249,7 @@ void read_sampling(FieldReader& r, int64_t n_vocab, SamplingParams& sp) {
     }
   }
 
-  if (const json* bias = r.get("logit_bias")) {
+  if (const rjson* bias = r.get("logit_bias")) {
     if (!bias->is_object()) {
       r.fail(invalid_type("logit_bias", "an object mapping token ids to numbers"));
     } else {
@@ -272,7 +275,7 @@ void read_sampling(FieldReader& r, int64_t n_vocab, SamplingParams& sp) {
 // stream and stream_options; OpenAI (and vLLM) refuse stream_options without stream.
 void read_stream(FieldReader& r, bool& stream, bool& include_usage) {
   r.read_bool("stream", stream);
-  const json* opts = r.get("stream_options");
+  const rjson* opts = r.get("stream_options");
   if (!opts) return;
   if (!opts->is_object()) {
     r.fail(invalid_type("stream_options", "an object"));
@@ -295,25 +298,27 @@ void check_best_of_stream(FieldReader& r, const SamplingParams& sp, bool stream)
 }
 
 // The content of one message: a string, or an array of text parts (joined
-// with "\n", as vLLM does for templates that take a string).
-void read_content(FieldReader& r, const json& msg, const std::string& prefix, bool is_assistant,
-                  std::string& out) {
+// with "\n", as vLLM does for templates that take a string); null when an
+// assistant turn has none (OpenAI allows it with tool calls).
+void read_content(FieldReader& r, const rjson& msg, const std::string& prefix, bool optional,
+                  rjson& out) {
   const auto it = msg.find("content");
   if (it == msg.end() || it->is_null()) {
-    // An assistant turn may have no content (OpenAI allows it with tool calls).
-    if (!is_assistant) r.fail(missing_field(prefix + "content"));
+    if (!optional) r.fail(missing_field(prefix + "content"));
+    out = nullptr;
     return;
   }
   if (it->is_string()) {
-    out = it->get<std::string>();
+    out = *it;
     return;
   }
   if (!it->is_array()) {
     r.fail(invalid_type(prefix + "content", "a string or an array of content parts"));
     return;
   }
+  std::string joined;
   for (size_t j = 0; j < it->size(); ++j) {
-    const json& part = (*it)[j];
+    const rjson& part = (*it)[j];
     const std::string where = prefix + "content[" + std::to_string(j) + "]";
     if (!part.is_object()) {
       r.fail(invalid_type(where, "a content part object"));
@@ -333,15 +338,63 @@ void read_content(FieldReader& r, const json& msg, const std::string& prefix, bo
       r.fail(std::move(*p.error()));
       return;
     }
-    if (j > 0) out += '\n';
-    out += text;
+    if (j > 0) joined += '\n';
+    joined += text;
+  }
+  out = std::move(joined);
+}
+
+// An assistant turn's tool_calls, as OpenAI sends them (arguments a JSON
+// string), into what chat templates read (arguments an object, as vLLM
+// hands them to transformers).
+void read_tool_calls(FieldReader& m, const rjson& calls, const std::string& prefix, rjson& out) {
+  if (!calls.is_array()) {
+    m.fail(invalid_type(prefix + "tool_calls", "an array of tool call objects"));
+    return;
+  }
+  out = rjson::array();
+  for (size_t j = 0; j < calls.size() && m.ok(); ++j) {
+    const std::string where = prefix + "tool_calls[" + std::to_string(j) + "]";
+    const rjson& call = calls[j];
+    if (!call.is_object()) {
+      m.fail(invalid_type(where, "a tool call object"));
+      return;
+    }
+    FieldReader c(call, where + ".");
+    std::string type = "function";
+    c.read_string("type", type);
+    const rjson* fn = c.get("function");
+    if (c.ok() && type != "function") c.fail(invalid_value(where + ".type", "must be 'function', got '" + type + "'."));
+    if (c.ok() && !fn) c.fail(missing_field(where + ".function"));
+    if (c.ok() && !fn->is_object()) c.fail(invalid_type(where + ".function", "an object"));
+    rjson normalized = call;
+    if (c.ok()) {
+      FieldReader f(*fn, where + ".function.");
+      std::string name;
+      if (!f.read_string("name", name) && f.ok()) f.fail(missing_field(where + ".function.name"));
+      const rjson* args = f.get("arguments");
+      if (f.ok() && args && args->is_string()) {
+        rjson parsed = rjson::parse(args->get_ref<const std::string&>(), nullptr, false);
+        if (parsed.is_discarded()) {
+          f.fail(invalid_value(where + ".function.arguments", "is not valid JSON (it must be a JSON-encoded object)."));
+        } else {
+          normalized["function"]["arguments"] = std::move(parsed);
+        }
+      } else if (f.ok() && args && !args->is_object()) {
+        f.fail(invalid_type(where + ".function.arguments", "a JSON-encoded string"));
+      }
+      if (!f.ok()) c.fail(std::move(*f.error()));
+    }
+    if (!c.ok()) {
+      m.fail(std::move(*c.error()));
+      return;
+    }
+    out.push_back(std::move(normalized));
   }
 }
 
-bool non_empty_array(const json& v) { return v.is_array() && !v.empty(); }
-
-void read_messages(FieldReader& r, std::vector<ChatMessage>& out) {
-  const json* msgs = r.get("messages");
+void read_messages(FieldReader& r, rjson& out) {
+  const rjson* msgs = r.get("messages");
   if (!msgs) {
     r.fail(missing_field("messages"));
     return;
@@ -354,73 +407,132 @@ void read_messages(FieldReader& r, std::vector<ChatMessage>& out) {
     r.fail(invalid_value("messages", "must contain at least one message."));
     return;
   }
-  out.reserve(msgs->size());
+  out = rjson::array();
   for (size_t i = 0; i < msgs->size() && r.ok(); ++i) {
-    const json& msg = (*msgs)[i];
+    const rjson& msg = (*msgs)[i];
     const std::string prefix = "messages[" + std::to_string(i) + "].";
     if (!msg.is_object()) {
       r.fail(invalid_type("messages[" + std::to_string(i) + "]", "a message object"));
       return;
     }
     FieldReader m(msg, prefix);
-    ChatMessage cm;
-    if (!m.read_string("role", cm.role)) {
+    rjson normalized = msg;
+    std::string role;
+    if (!m.read_string("role", role)) {
       if (m.ok()) m.fail(missing_field(prefix + "role"));
-    } else if (cm.role == "developer") {
-      cm.role = "system";  // OpenAI's newer name for the system role
-    } else if (cm.role == "tool" || cm.role == "function") {
-      m.fail(unsupported(prefix + "role", "'" + cm.role +
-                                              "' messages are not supported: this server does "
-                                              "not implement tool calling."));
-    } else if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
-      const std::string got = "got '" + cm.role + "'.";
+    } else if (role == "developer") {
+      role = "system";  // OpenAI's newer name for the system role
+    } else if (role == "function") {
+      m.fail(unsupported(prefix + "role", "'function' messages (OpenAI's deprecated function calling) are not "
+                                          "supported; send the result as a 'tool' message."));
+    } else if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      const std::string got = "got '" + role + "'.";
       m.fail(invalid_value(prefix + "role",
-                           "must be one of 'system', 'developer', 'user' or 'assistant', " + got));
+                           "must be one of 'system', 'developer', 'user', 'assistant' or 'tool', " + got));
+    }
+    if (m.ok()) normalized["role"] = role;
+    if (m.ok() && m.get("function_call"))
+      m.fail(unsupported(prefix + "function_call", "OpenAI's deprecated function calling is not supported; use tool_calls."));
+    if (m.ok()) {
+      if (const rjson* calls = m.get("tool_calls")) {
+        if (role != "assistant") {
+          m.fail(invalid_value(prefix + "tool_calls", "only assistant messages carry tool calls."));
+        } else {
+          read_tool_calls(m, *calls, prefix, normalized["tool_calls"]);
+        }
+      }
     }
     if (m.ok()) {
-      const json* calls = m.get("tool_calls");
-      const bool has_calls = calls && non_empty_array(*calls);
-      if (has_calls || m.get("function_call"))
-        m.fail(unsupported(prefix + (has_calls ? "tool_calls" : "function_call"),
-                           "this server does not implement tool calling."));
+      rjson content;
+      read_content(m, msg, prefix, role == "assistant", content);
+      normalized["content"] = std::move(content);
     }
-    if (m.ok()) read_content(m, msg, prefix, cm.role == "assistant", cm.content);
     if (!m.ok()) {
       r.fail(std::move(*m.error()));
       return;
     }
-    out.push_back(std::move(cm));
+    out.push_back(std::move(normalized));
   }
 }
 
-// tools / tool_choice / functions / function_call / response_format: only
-// the values that ask for plain text generation are accepted.
-void read_unsupported_chat_features(FieldReader& r) {
-  for (const char* key : {"tools", "functions"}) {
-    if (const json* v = r.get(key)) {
-      if (!v->is_array()) {
-        r.fail(invalid_type(key, "an array"));
-      } else if (!v->empty()) {
-        r.fail(unsupported(key, "this server does not implement tool calling."));
+// tools (rendered into the prompt by the chat template), documents and
+// chat_template_kwargs (vLLM's extensions), add_generation_prompt.
+void read_conversation_extras(FieldReader& r, ChatConversation& conv) {
+  r.read_bool("add_generation_prompt", conv.add_generation_prompt);
+  if (const rjson* tools = r.get("tools")) {
+    if (!tools->is_array()) {
+      r.fail(invalid_type("tools", "an array of tool objects"));
+      return;
+    }
+    for (size_t i = 0; i < tools->size() && r.ok(); ++i) {
+      const rjson& t = (*tools)[i];
+      const std::string where = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object()) {
+        r.fail(invalid_type(where, "a tool object"));
+      } else if (!t.contains("function") || !t["function"].is_object()) {
+        r.fail(missing_field(where + ".function"));
+      } else if (!t["function"].contains("name") || !t["function"]["name"].is_string()) {
+        r.fail(missing_field(where + ".function.name"));
       }
     }
+    if (!tools->empty()) conv.tools = *tools;
   }
+  if (const rjson* docs = r.get("documents")) {
+    if (!docs->is_array()) {
+      r.fail(invalid_type("documents", "an array of document objects"));
+    } else {
+      conv.documents = *docs;
+    }
+  }
+  if (const rjson* kwargs = r.get("chat_template_kwargs")) {
+    if (!kwargs->is_object()) {
+      r.fail(invalid_type("chat_template_kwargs", "an object"));
+    } else {
+      for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt"}) {
+        if (kwargs->contains(reserved) && r.ok())
+          r.fail(invalid_value("chat_template_kwargs", std::string("'") + reserved +
+                                                           "' comes from the request's own field of that name, not from here."));
+      }
+      conv.template_kwargs = *kwargs;
+    }
+  }
+}
+
+// tool_choice / functions / function_call / response_format: only the values
+// that ask for plain text generation are accepted. Tools render into the
+// prompt, but tandem does not parse tool calls out of the output, so like
+// vLLM without a tool-call parser it serves them with tool_choice "none" only.
+void read_unsupported_chat_features(FieldReader& r) {
+  if (const rjson* v = r.get("functions")) {
+    if (!v->is_array()) {
+      r.fail(invalid_type("functions", "an array"));
+    } else if (!v->empty()) {
+      r.fail(unsupported("functions", "OpenAI's deprecated function calling is not supported."));
+    }
+  }
+  const rjson* tools = r.get("tools");
+  const bool has_tools = tools && tools->is_array() && !tools->empty();
+  const char* no_parsing =
+      "tandem renders tools into the prompt but does not parse tool calls out of the output, so "
+      "requests with tools are served with tool_choice 'none' only (send it explicitly).";
   for (const char* key : {"tool_choice", "function_call"}) {
-    const json* v = r.get(key);
-    if (!v) continue;
+    const rjson* v = r.get(key);
+    const bool is_tool_choice = std::string_view(key) == "tool_choice";
+    if (!v) {
+      if (is_tool_choice && has_tools && r.ok()) r.fail(unsupported("tool_choice", no_parsing));
+      continue;
+    }
     if (v->is_object()) {
-      r.fail(unsupported(key, "this server does not implement tool calling."));
+      r.fail(unsupported(key, no_parsing));
     } else if (!v->is_string()) {
       r.fail(invalid_type(key, "a string or an object"));
-    } else if (const auto s = v->get<std::string>(); s != "none" && s != "auto") {
-      if (s == "required") {
-        r.fail(unsupported(key, "this server does not implement tool calling."));
-      } else {
-        r.fail(invalid_value(key, "must be 'none', 'auto' or 'required', got '" + s + "'."));
-      }
+    } else if (const auto s = v->get<std::string>(); s != "none" && s != "auto" && s != "required") {
+      r.fail(invalid_value(key, "must be 'none', 'auto' or 'required', got '" + s + "'."));
+    } else if (s == "required" || (s == "auto" && has_tools)) {
+      r.fail(unsupported(key, no_parsing));
     }
   }
-  if (const json* v = r.get("response_format")) {
+  if (const rjson* v = r.get("response_format")) {
     if (!v->is_object()) {
       r.fail(invalid_type("response_format", "an object"));
       return;
@@ -445,7 +557,7 @@ void read_unsupported_chat_features(FieldReader& r) {
 // Reads the prompt of a completion request: a string, token ids, or an array
 // holding exactly one of those.
 void read_prompt(FieldReader& r, int64_t n_vocab, CompletionRequest& req) {
-  const json* p = r.get("prompt");
+  const rjson* p = r.get("prompt");
   if (!p) {
     r.fail(missing_field("prompt"));
     return;
@@ -463,7 +575,7 @@ void read_prompt(FieldReader& r, int64_t n_vocab, CompletionRequest& req) {
     r.fail(invalid_value("prompt", "must not be empty."));
     return;
   }
-  const json& first = p->front();
+  const rjson& first = p->front();
   if (first.is_string() || first.is_array()) {
     if (p->size() > 1) {
       r.fail(unsupported("prompt",
@@ -591,7 +703,7 @@ json completion_choice_json(const CompletionChoice& c) {
 Parsed<CompletionRequest> parse_completion_request(std::string_view body, int64_t n_vocab) {
   auto doc = parse_object(body);
   if (auto* err = std::get_if<ApiError>(&doc)) return std::move(*err);
-  const json& obj = std::get<json>(doc);
+  const rjson& obj = std::get<rjson>(doc);
   FieldReader r(obj);
   CompletionRequest req;
   r.read_string("model", req.model);
@@ -600,14 +712,14 @@ Parsed<CompletionRequest> parse_completion_request(std::string_view body, int64_
   r.read_int("max_tokens", *req.max_tokens);
   req.sampling.max_tokens = *req.max_tokens;
   read_sampling(r, n_vocab, req.sampling);
-  if (const json* lp = r.get("logprobs")) {
+  if (const rjson* lp = r.get("logprobs")) {
     if (auto v = r.to_int(*lp, "logprobs", std::numeric_limits<int32_t>::min(),
                           std::numeric_limits<int32_t>::max()))
       req.sampling.logprobs = static_cast<int32_t>(*v);
   }
   r.read_bool("echo", req.echo);
   read_stream(r, req.stream, req.include_usage);
-  if (const json* suffix = r.get("suffix")) {
+  if (const rjson* suffix = r.get("suffix")) {
     if (!suffix->is_string()) {
       r.fail(invalid_type("suffix", "a string"));
     } else if (!suffix->get_ref<const std::string&>().empty()) {
@@ -629,11 +741,11 @@ Parsed<CompletionRequest> parse_completion_request(std::string_view body, int64_
 Parsed<ChatRequest> parse_chat_request(std::string_view body, int64_t n_vocab) {
   auto doc = parse_object(body);
   if (auto* err = std::get_if<ApiError>(&doc)) return std::move(*err);
-  const json& obj = std::get<json>(doc);
+  const rjson& obj = std::get<rjson>(doc);
   FieldReader r(obj);
   ChatRequest req;
   r.read_string("model", req.model);
-  read_messages(r, req.messages);
+  read_messages(r, req.conversation.messages);
   int32_t max_tokens = 0;
   if (r.read_int("max_completion_tokens", max_tokens) || r.read_int("max_tokens", max_tokens))
     req.max_tokens = max_tokens;
@@ -649,7 +761,7 @@ Parsed<ChatRequest> parse_chat_request(std::string_view body, int64_t n_vocab) {
     r.fail(invalid_value("top_logprobs", "requires logprobs to be true."));
   }
   read_stream(r, req.stream, req.include_usage);
-  r.read_bool("add_generation_prompt", req.add_generation_prompt);
+  read_conversation_extras(r, req.conversation);
   read_unsupported_chat_features(r);
   check_best_of_stream(r, req.sampling, req.stream);
   if (r.ok()) {
@@ -661,7 +773,7 @@ Parsed<ChatRequest> parse_chat_request(std::string_view body, int64_t n_vocab) {
 Parsed<TokenizeRequest> parse_tokenize_request(std::string_view body) {
   auto doc = parse_object(body);
   if (auto* err = std::get_if<ApiError>(&doc)) return std::move(*err);
-  const json& obj = std::get<json>(doc);
+  const rjson& obj = std::get<rjson>(doc);
   FieldReader r(obj);
   TokenizeRequest req;
   r.read_string("model", req.model);
@@ -677,11 +789,11 @@ Parsed<TokenizeRequest> parse_tokenize_request(std::string_view body) {
   if (has_prompt) {
     r.read_string("prompt", req.prompt);
   } else {
-    read_messages(r, req.messages);
+    read_messages(r, req.conversation.messages);
+    read_conversation_extras(r, req.conversation);
   }
   bool add_special = false;
   if (r.read_bool("add_special_tokens", add_special)) req.add_special_tokens = add_special;
-  r.read_bool("add_generation_prompt", req.add_generation_prompt);
   r.read_bool("return_token_strs", req.return_token_strs);
   return finish(r, std::move(req));
 }
@@ -689,11 +801,11 @@ Parsed<TokenizeRequest> parse_tokenize_request(std::string_view body) {
 Parsed<DetokenizeRequest> parse_detokenize_request(std::string_view body, int64_t n_vocab) {
   auto doc = parse_object(body);
   if (auto* err = std::get_if<ApiError>(&doc)) return std::move(*err);
-  const json& obj = std::get<json>(doc);
+  const rjson& obj = std::get<rjson>(doc);
   FieldReader r(obj);
   DetokenizeRequest req;
   r.read_string("model", req.model);
-  const json* tokens = r.get("tokens");
+  const rjson* tokens = r.get("tokens");
   if (!tokens) {
     r.fail(missing_field("tokens"));
   } else if (!tokens->is_array()) {

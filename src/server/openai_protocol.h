@@ -6,8 +6,8 @@
 // Parsing follows the OpenAI API (and vLLM's extensions where noted):
 // unknown fields are ignored, as clients send extras; an explicit null means
 // "not given"; every wrong type is a 400 whose param names the field; a
-// feature tandem does not implement (tools, suffix, structured output, ...)
-// is a 400 naming the field rather than being silently ignored.
+// feature tandem does not implement (parsing tool calls from the output,
+// suffix, structured output, ...) is a 400 naming the field rather than being silently ignored.
 #pragma once
 
 #include <cstdint>
@@ -51,14 +51,15 @@ struct CompletionRequest {
 // POST /v1/chat/completions.
 struct ChatRequest {
   std::string model;
-  std::vector<ChatMessage> messages;  // at least one; content parts joined with "\n"
+  // At least one message; content parts joined with "\n"; tools,
+  // documents, chat_template_kwargs, add_generation_prompt (vLLM's).
+  ChatConversation conversation;
   // max_completion_tokens, else max_tokens; nullopt: whatever the context has
   // left (fit_to_context fills it in).
   std::optional<int32_t> max_tokens;
   SamplingParams sampling;  // logprobs: -1 unless "logprobs": true, then top_logprobs
   bool stream = false;
   bool include_usage = false;
-  bool add_generation_prompt = true;  // vLLM extension
 };
 
 // POST /tokenize (vLLM): either a prompt or chat messages.
@@ -66,10 +67,9 @@ struct TokenizeRequest {
   std::string model;
   bool is_chat = false;
   std::string prompt;                 // when !is_chat
-  std::vector<ChatMessage> messages;  // when is_chat
+  ChatConversation conversation;      // when is_chat
   // nullopt: true for a prompt; the chat template's choice for messages.
   std::optional<bool> add_special_tokens;
-  bool add_generation_prompt = true;
   bool return_token_strs = false;
 };
 
