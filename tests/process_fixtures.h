@@ -68,6 +68,20 @@ inline double metric(const std::string& host, int port, const std::string& name)
   return -2;
 }
 
+// The KV cache usage at host:port once its requests have let go of their
+// blocks. A response can reach the client a moment before the engine loop
+// frees the request's blocks, so this polls (bounded: 5 s) for 0 and returns
+// the last value read.
+inline double kv_usage_when_drained(const std::string& host, int port) {
+  double usage = -1;
+  for (int i = 0; i < 500; ++i) {
+    usage = metric(host, port, "tandem_kv_cache_usage_perc");
+    if (usage == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return usage;
+}
+
 // A process group running one command; killed and reaped when it goes.
 class ProcessGroup {
  public:

@@ -18,6 +18,7 @@ namespace {
 
 using json = nlohmann::json;
 using testing::free_port;
+using testing::kv_usage_when_drained;
 using testing::metric;
 using testing::ProcessGroup;
 
@@ -56,8 +57,8 @@ TEST(DataParallelServe, TwoRanksServeConcurrentRequestsAsOneInstanceWouldAndBala
   EXPECT_GT(served1, 0) << "every request stayed on rank 0";
   EXPECT_GT(served0, 0) << "every request went to rank 1";
   // Both pools are back to their baseline.
-  EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_kv_cache_usage_perc"), 0);
-  EXPECT_EQ(metric(host1, port1, "tandem_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(kv_usage_when_drained("127.0.0.1", dp.port), 0);
+  EXPECT_EQ(kv_usage_when_drained(host1, port1), 0);
   // In lockstep: rank 1's step lies between two samples of rank 0's.
   const int64_t before = get(dp.port, "/debug/parallel").value("step_id", int64_t{-1});
   const int64_t r1 = get(port1, "/debug/parallel", host1).value("step_id", int64_t{-1});
@@ -112,8 +113,8 @@ TEST_P(DataParallelExperts, TwoRanksWithSplitExpertsServeAsOneInstanceWould) {
     ADD_FAILURE() << dp.group->log();
   }
   const auto [host1, port1] = rank_address(dp.port, 1);
-  EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_kv_cache_usage_perc"), 0);
-  EXPECT_EQ(metric(host1, port1, "tandem_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(kv_usage_when_drained("127.0.0.1", dp.port), 0);
+  EXPECT_EQ(kv_usage_when_drained(host1, port1), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Moe, DataParallelExperts, ::testing::Values("qwen3moe", "qwen3next"));
@@ -159,7 +160,7 @@ TEST(DataParallelServe, AKilledRankFailsTheInFlightRequestsNamingItThenTheGroupR
   const json next = post(dp.port, {{"prompt", "after"}, {"max_tokens", 8}, {"temperature", 0}});
   EXPECT_EQ(texts(next).size(), 1u) << next.dump();
   EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_dp_group_failures_total{rank=\"0\"}"), 1);
-  EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(kv_usage_when_drained("127.0.0.1", dp.port), 0);
 }
 
 // A rank parked (SIGSTOP) past the soft deadline: its peer reports which op

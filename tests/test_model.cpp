@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -308,6 +309,116 @@ TEST(Model, RejectsUnknownArchitecture) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("mamba"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("llama, qwen2, qwen3, qwen3moe, qwen3next"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// ---- split GGUF files (llama.cpp's gguf-split layout) ----
+
+// Writes `src` as `count` parts "<prefix>-0000i-of-0000N.gguf", as gguf-split
+// does: all metadata in the first part, every part with split.no/count, the
+// tensors dealt out in order. `mutate` may change a part's writer before it is written.
+std::vector<std::string> write_split(const gguf::File& src, const std::string& prefix, uint16_t count,
+                                     const std::function<void(uint16_t, gguf::Writer&)>& mutate = {}) {
+  std::vector<std::string> paths;
+  const size_t n = src.tensors().size();
+  for (uint16_t part = 0; part < count; ++part) {
+    gguf::Writer w;
+    if (part == 0)
+      for (const gguf::KeyValue& kv : src.metadata()) w.set(kv.key, kv.value);
+    w.set("split.no", gguf::Value::make_u16(part));
+    w.set("split.count", gguf::Value::make_u16(count));
+    w.set("split.tensors.count", gguf::Value::make_i32(static_cast<int32_t>(n)));
+    for (size_t i = n * part / count; i < n * (part + 1) / count; ++i) {
+      const gguf::TensorInfo& t = src.tensors()[i];
+      w.add_tensor(t.name, t.type, t.dims, std::vector<uint8_t>(t.data, t.data + t.n_bytes));
+    }
+    if (mutate) mutate(part, w);
+    char name[48];
+    std::snprintf(name, sizeof name, "-%05d-of-%05d.gguf", part + 1, count);
+    paths.push_back(prefix + name);
+    w.write(paths.back());
+  }
+  return paths;
+}
+
+std::string split_prefix(const std::string& tag) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tandem-split-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return (dir / tag).string();
+}
+
+TEST(SplitGguf, AModelSplitInThreeLoadsFromTheFirstPartAndComputesTheSame) {
+  const std::string whole_path = testing::tiny_model_path("llama", DType::kQ8_0);
+  auto whole = std::make_shared<const gguf::File>(gguf::File::open(whole_path));
+  const std::vector<std::string> parts = write_split(*whole, split_prefix("tiny"), 3);
+  auto split = std::make_shared<const gguf::File>(gguf::File::open(parts[0]));
+  EXPECT_EQ(split->split_count(), 3u);
+  EXPECT_EQ(split->tensors().size(), whole->tensors().size());
+  EXPECT_GT(split->file_size(), whole->file_size());  // three headers
+  auto a = Model::load(whole);
+  auto b = Model::load(split);
+  ThreadPool pool(2);
+  const auto toks = tokens(11, 3, a->config().n_vocab);
+  const std::vector<float> la = run_alone(*a, toks, {11}, pool);
+  const std::vector<float> lb = run_alone(*b, toks, {11}, pool);
+  ASSERT_EQ(la.size(), lb.size());
+  EXPECT_TRUE(bitwise_equal(la.data(), lb.data(), la.size()));
+  for (const auto& p : parts) std::filesystem::remove(p);
+}
+
+TEST(SplitGguf, AMissingForeignOrOutOfOrderPartIsAnErrorNamingIt) {
+  const gguf::File whole = gguf::File::open(testing::tiny_model_path("llama", DType::kQ8_0));
+  auto error_of = [](const std::string& path) -> std::string {
+    try {
+      gguf::File::open(path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "opened";
+  };
+  // A missing part.
+  {
+    const auto parts = write_split(whole, split_prefix("missing"), 3);
+    std::filesystem::remove(parts[2]);
+    const std::string e = error_of(parts[0]);
+    EXPECT_NE(e.find("part 3 of 3 of this split model is missing: " + parts[2]), std::string::npos) << e;
+  }
+  // A part of another split (wrong split.count / split.no).
+  {
+    const auto parts = write_split(whole, split_prefix("foreign"), 3, [](uint16_t part, gguf::Writer& w) {
+      if (part == 1) w.set("split.no", gguf::Value::make_u16(2));
+    });
+    const std::string e = error_of(parts[0]);
+    EXPECT_NE(e.find(parts[1] + ": does not belong with"), std::string::npos) << e;
+    EXPECT_NE(e.find("part 3 of 3, expected part 2 of 3"), std::string::npos) << e;
+  }
+  // Opening a later part instead of the first says which one to open.
+  {
+    const auto parts = write_split(whole, split_prefix("later"), 2);
+    const std::string e = error_of(parts[1]);
+    EXPECT_NE(e.find("open the first part, " + parts[0]), std::string::npos) << e;
+  }
+  // A part that lost tensors (split.tensors.count disagrees).
+  {
+    const auto parts = write_split(whole, split_prefix("short"), 2, [](uint16_t part, gguf::Writer& w) {
+      if (part == 0) w.set("split.tensors.count", gguf::Value::make_i32(100000));
+    });
+    const std::string e = error_of(parts[0]);
+    EXPECT_NE(e.find("split.tensors.count says 100000"), std::string::npos) << e;
+  }
+  // A renamed first part cannot find its siblings, and says so.
+  {
+    const auto parts = write_split(whole, split_prefix("renamed"), 2);
+    const std::string renamed = split_prefix("renamed-model.gguf");
+    std::filesystem::rename(parts[0], renamed);
+    const std::string e = error_of(renamed);
+    EXPECT_NE(e.find("its other parts cannot be found"), std::string::npos) << e;
   }
 }
 

@@ -204,6 +204,13 @@ TEST(RouterRequestShape, EstimatesBoundThePromptAndCountEverySiblingsCopiedBlock
       json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"max_completion_tokens", 40}}, true);
   EXPECT_EQ(chat.prompt_tokens, kChatTokensPerRequest + kChatTokensPerMessage + 2);
   EXPECT_EQ(chat.max_tokens, 40);
+  // Tools and tool calls are rendered into the prompt: their JSON counts too.
+  const json tools = json::array({{{"type", "function"}, {"function", {{"name", "get_weather"}}}}});
+  const json calls = json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{}"}}}}});
+  RequestShape with_tools = estimate_shape(
+      json{{"messages", json::array({{{"role", "assistant"}, {"content", nullptr}, {"tool_calls", calls}}})}, {"tools", tools}}, true);
+  EXPECT_EQ(with_tools.prompt_tokens, kChatTokensPerRequest + kChatTokensPerMessage +
+                                          static_cast<int64_t>(calls.dump().size() + tools.dump().size()));
   RequestShape open_ended = estimate_shape(json{{"messages", json::array()}}, true);
   EXPECT_EQ(open_ended.max_tokens, 0);
   // 17 prompt tokens in blocks of 16: the prefill moves 1 block; the decode

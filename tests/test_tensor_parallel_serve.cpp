@@ -26,6 +26,7 @@ using json = nlohmann::json;
 using testing::expect_concurrent_requests_equal;
 using testing::get;
 using testing::health;
+using testing::kv_usage_when_drained;
 using testing::metric;
 using testing::post;
 using testing::ProcessGroup;
@@ -65,7 +66,7 @@ TEST_P(TensorParallelServe, TwoWorkersAnswerAsOneInstanceDoesWithTheSameLogprobs
   const json a = post(tp.port, body), b = post(single.port, body);
   ASSERT_TRUE(a.contains("choices")) << a.dump();
   EXPECT_EQ(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]);
-  EXPECT_EQ(metric("127.0.0.1", tp.port, "tandem_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(kv_usage_when_drained("127.0.0.1", tp.port), 0);
   EXPECT_EQ(metric("127.0.0.1", tp.port, "tandem_tp_failures_total"), 0);
   EXPECT_GT(metric("127.0.0.1", tp.port, "tandem_tp_worker_gathers_total{rank=\"1\"}"), 0);
 }
@@ -92,7 +93,7 @@ TEST(TensorParallelFailures, AKilledWorkerFailsTheStepsRequestsNamingItThenTheWo
   const json next = post(tp.port, {{"prompt", "after"}, {"max_tokens", 8}, {"temperature", 0}});
   EXPECT_EQ(texts(next).size(), 1u) << next.dump();
   EXPECT_EQ(metric("127.0.0.1", tp.port, "tandem_tp_failures_total"), 1);
-  EXPECT_EQ(metric("127.0.0.1", tp.port, "tandem_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(kv_usage_when_drained("127.0.0.1", tp.port), 0);
 }
 
 // SIGSTOP of a worker: past the soft deadline the core reports that it waits
@@ -190,7 +191,7 @@ TEST(TensorParallelFailures, AWorkerThatThrowsFailsTheStepOnEveryWorkerAndTheNex
   const json next = post(tp.port, {{"prompt", "after"}, {"max_tokens", 8}, {"temperature", 0}});
   EXPECT_EQ(texts(next).size(), 1u) << next.dump();
   EXPECT_EQ(metric("127.0.0.1", tp.port, "tandem_tp_failures_total"), 1);
-  EXPECT_EQ(metric("127.0.0.1", tp.port, "tandem_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(kv_usage_when_drained("127.0.0.1", tp.port), 0);
 }
 
 // Seed 003's idle cycles, scaled: the largest timeout in the stack is 1 s
@@ -230,7 +231,7 @@ TEST(TensorParallelSeed003, StormOfTwelveRequestsAndALongColdPrefill) {
   expect_concurrent_requests_equal(tp.port, single.port, 12);
   cold.join();
   EXPECT_EQ(texts(long_answer), texts(post(single.port, longest))) << long_answer.dump();
-  EXPECT_EQ(metric("127.0.0.1", tp.port, "tandem_kv_cache_usage_perc"), 0);
+  EXPECT_EQ(kv_usage_when_drained("127.0.0.1", tp.port), 0);
   EXPECT_EQ(metric("127.0.0.1", tp.port, "tandem_tp_failures_total"), 0);
 }
 

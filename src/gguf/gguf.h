@@ -98,7 +98,11 @@ struct TensorInfo {
 
 class File {
  public:
-  // Maps and parses a file. Throws tandem::Error on any problem.
+  // Maps and parses a file. Throws tandem::Error on any problem. The first
+  // part of a model split by llama.cpp's gguf-split
+  // ("name-00001-of-00003.gguf", the split.* keys) opens the other parts
+  // beside it: their tensors join this file's, the metadata is the first
+  // part's. A missing, foreign or out-of-order part is an Error naming it.
   static File open(const std::string& path);
   // Parses a buffer held in memory (tests, corrupted-file corpus). The bytes are copied.
   static File parse(std::span<const uint8_t> bytes, const std::string& name = "<memory>");
@@ -110,7 +114,8 @@ class File {
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
-  uint64_t file_size() const { return size_; }
+  uint64_t file_size() const;  // of every part, for a split model
+  size_t split_count() const { return 1 + parts_.size(); }
   uint64_t data_offset() const { return data_offset_; }
 
   const std::vector<KeyValue>& metadata() const { return kv_; }
@@ -149,7 +154,9 @@ class File {
 
  private:
   File() = default;
+  static File open_one(const std::string& path);
   void parse_all();
+  void open_split_parts();
 
   std::string path_;
   const uint8_t* base_ = nullptr;
@@ -161,6 +168,7 @@ class File {
   uint64_t data_offset_ = 0;
   std::vector<KeyValue> kv_;
   std::vector<TensorInfo> tensors_;
+  std::vector<File> parts_;  // the other parts of a split model (their tensors are in tensors_)
 };
 
 class Writer {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -241,6 +242,66 @@ std::string integer_text(const Value& v) {
 }  // namespace
 
 File File::open(const std::string& path) {
+  File f = open_one(path);
+  f.open_split_parts();
+  return f;
+}
+
+void File::open_split_parts() {
+  const uint64_t count = get_u64_or("split.count", 1);
+  if (count <= 1) return;
+  if (count > 99999) throw Error(path_ + ": split.count " + std::to_string(count) + " is not a number of parts");
+  const uint64_t no = get_u64_or("split.no", 0);
+  // gguf-split names part i (from 0) "<prefix>-<i+1, 5 digits>-of-<count, 5 digits>.gguf".
+  auto part_name = [count](const std::string& prefix, uint64_t i) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "-%05llu-of-%05llu.gguf", static_cast<unsigned long long>(i + 1),
+                  static_cast<unsigned long long>(count));
+    return prefix + buf;
+  };
+  const std::string suffix = part_name("", no);
+  if (path_.size() <= suffix.size() || path_.compare(path_.size() - suffix.size(), suffix.size(), suffix) != 0)
+    throw Error(path_ + ": part " + std::to_string(no + 1) + " of a model split in " + std::to_string(count) +
+                ", but its name does not end in '" + suffix +
+                "', so its other parts cannot be found (keep the names gguf-split gave them)");
+  const std::string prefix = path_.substr(0, path_.size() - suffix.size());
+  if (no != 0)
+    throw Error(path_ + ": part " + std::to_string(no + 1) + " of " + std::to_string(count) +
+                " of a split model; open the first part, " + part_name(prefix, 0));
+  for (uint64_t i = 1; i < count; ++i) {
+    const std::string part_path = part_name(prefix, i);
+    struct stat st {};
+    if (::stat(part_path.c_str(), &st) != 0)
+      throw Error(path_ + ": part " + std::to_string(i + 1) + " of " + std::to_string(count) +
+                  " of this split model is missing: " + part_path);
+    File part = open_one(part_path);
+    const uint64_t part_count = part.get_u64_or("split.count", 0);
+    const uint64_t part_no = part.get_u64_or("split.no", 0);
+    if (part_count != count || part_no != i)
+      throw Error(part_path + ": does not belong with " + path_ + ": it says it is part " +
+                  std::to_string(part_no + 1) + " of " + std::to_string(part_count) + ", expected part " +
+                  std::to_string(i + 1) + " of " + std::to_string(count));
+    for (const TensorInfo& t : part.tensors_) {
+      if (find_tensor(t.name) != nullptr)
+        throw Error(part_path + ": tensor " + quote(t.name) + " is also in another part of the split model");
+      tensors_.push_back(t);
+    }
+    parts_.push_back(std::move(part));
+  }
+  const int64_t expected = get_i64_or("split.tensors.count", -1);
+  if (expected >= 0 && static_cast<uint64_t>(expected) != tensors_.size())
+    throw Error(path_ + ": the " + std::to_string(count) + " parts of this split model hold " +
+                std::to_string(tensors_.size()) + " tensors, but split.tensors.count says " +
+                std::to_string(expected));
+}
+
+uint64_t File::file_size() const {
+  uint64_t total = size_;
+  for (const File& p : parts_) total += p.size_;
+  return total;
+}
+
+File File::open_one(const std::string& path) {
   File f;
   f.path_ = path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -272,6 +333,8 @@ File File::open(const std::string& path) {
 }
 
 void File::drop_pages(const uint8_t* begin, size_t n_bytes) const {
+  for (const File& p : parts_)
+    if (begin >= p.base_ && begin < p.base_ + p.size_) return p.drop_pages(begin, n_bytes);
   if (mapping_ == nullptr || n_bytes == 0) return;
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
@@ -302,7 +365,8 @@ File::File(File&& o) noexcept
       alignment_(o.alignment_),
       data_offset_(o.data_offset_),
       kv_(std::move(o.kv_)),
-      tensors_(std::move(o.tensors_)) {}
+      tensors_(std::move(o.tensors_)),
+      parts_(std::move(o.parts_)) {}
 
 File& File::operator=(File&& o) noexcept {
   if (this != &o) {
@@ -317,6 +381,7 @@ File& File::operator=(File&& o) noexcept {
     data_offset_ = o.data_offset_;
     kv_ = std::move(o.kv_);
     tensors_ = std::move(o.tensors_);
+    parts_ = std::move(o.parts_);
   }
   return *this;
 }

@@ -37,8 +37,15 @@ RequestShape estimate_shape(const json& body, bool chat) {
     int64_t tokens = kChatTokensPerRequest;
     auto messages = body.find("messages");
     if (messages != body.end() && messages->is_array())
-      for (const json& m : *messages)
+      for (const json& m : *messages) {
         tokens += kChatTokensPerMessage + (m.is_object() && m.contains("content") ? text_bytes(m["content"]) : 0);
+        // A template writes tool calls out too (as JSON, about as long as sent).
+        if (m.is_object() && m.contains("tool_calls")) tokens += static_cast<int64_t>(m["tool_calls"].dump().size());
+      }
+    // Tools and documents are rendered into the prompt by the chat template.
+    for (const char* key : {"tools", "documents"})
+      if (auto it = body.find(key); it != body.end() && it->is_array() && !it->empty())
+        tokens += static_cast<int64_t>(it->dump().size());
     s.prompt_tokens = tokens;
     s.max_tokens = positive_int(body, "max_completion_tokens", positive_int(body, "max_tokens", 0));
   } else {
