@@ -247,6 +247,21 @@ TEST(JinjaSandbox, NothingOutsideTheContextIsReachable) {
   EXPECT_EQ(error_of("{% set xs = [] %}{{ xs.append(1) }}"), ErrorKind::kRuntime);  // SecurityError in Jinja2
 }
 
+TEST(JinjaSandbox, ValuesNestBoundedlySoNothingRecursesWithoutEnd) {
+  // A template wrapping a list in a list 100000 times stops at the depth limit...
+  EXPECT_EQ(error_of("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}"),
+            ErrorKind::kLimit);
+  // ... and namespaces, the only mutable values, cannot hold each other (no cycles).
+  EXPECT_EQ(error_of("{% set a = namespace(v=1) %}{% set b = namespace(v=2) %}{% set a.v = [b] %}"), ErrorKind::kUnsupported);
+  // A request's JSON nested too deep becomes an error, not a deep recursion.
+  oj deep = oj::array();
+  for (int i = 0; i < 1000; ++i) deep = oj::array({deep});
+  EXPECT_THROW(jinja::Value::from_json(deep), TemplateError);
+  oj ok = oj::array();
+  for (int i = 0; i < 100; ++i) ok = oj::array({ok});
+  EXPECT_EQ(jinja::Value::from_json(ok).depth(), 101);
+}
+
 TEST(JinjaErrors, EachFailureSaysWhatAndWhere) {
   int line = 0;
   EXPECT_EQ(error_of("line one\n{% if %}", fixed_clock(), &line), ErrorKind::kSyntax);

@@ -1056,6 +1056,19 @@ TEST_F(ServerApi, BadRequestsGetOpenAIErrors) {
   // Features tandem does not implement are refused, not ignored.
   json tools = chat_body(4);
   tools["tools"] = json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", json::object()}}}}});
+  // A body nested past any real request's depth is refused before anything
+  // recurses over it (copying or printing it would overflow the stack).
+  {
+    const int levels = 100000;
+    const std::string deep = R"({"messages": [{"role": "user", "content": "hi", "extra": )" + std::string(levels, '[') +
+                             std::string(levels, ']') + "}]}";
+    httplib::Client cli("127.0.0.1", p);
+    const auto r = cli.Post("/v1/chat/completions", deep, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+    EXPECT_NE(r->body.find("nests deeper than"), std::string::npos) << r->body;
+    EXPECT_EQ(get(p, "/health").status, 200);
+  }
   // Tools render into the prompt, but tool calls are not parsed out of the output: tool_choice "none" only.
   EXPECT_TRUE(is_error(post(p, "/v1/chat/completions", tools), 400, json("tool_choice"), json("unsupported_parameter")));
   json suffix = completion_body("hi", 4);

@@ -37,6 +37,23 @@ ScopePtr child(const ScopePtr& parent) {
 
 enum class Flow { kNormal, kBreak, kContinue };
 
+bool contains_namespace(const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::kNamespace: return true;
+    case Value::Kind::kList:
+    case Value::Kind::kTuple:
+    case Value::Kind::kGenerator:
+      for (const Value& x : v.items())
+        if (contains_namespace(x)) return true;
+      return false;
+    case Value::Kind::kDict:
+      for (const auto& [k, x] : v.dict_items().items)
+        if (contains_namespace(x)) return true;
+      return false;
+    default: return false;
+  }
+}
+
 class Interpreter {
  public:
   // `root` outlives every render: macros built from it capture node pointers.
@@ -113,6 +130,10 @@ class Interpreter {
           const Value* ns = scope->find(n.names[0]);
           if (!ns || ns->kind() != Value::Kind::kNamespace)
             fail(ErrorKind::kRuntime, "cannot assign attribute on non-namespace object");
+          // Namespaces are the only mutable values: keeping them out of each
+          // other keeps every value a tree (no cycles, a bounded depth).
+          if (contains_namespace(v))
+            fail(ErrorKind::kUnsupported, "a namespace stored in a namespace attribute is not supported");
           ns->namespace_attrs().set(Value(n.attr), v);
         } else {
           assign(scope, n.names, v);

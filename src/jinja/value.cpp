@@ -45,9 +45,25 @@ Value Value::markup(std::string s) {
   v.markup_ = true;
   return v;
 }
+namespace {
+int nested_depth(const List& items) {
+  int d = 0;
+  for (const Value& x : items) d = std::max(d, x.depth());
+  if (d + 1 > kMaxValueDepth) fail(ErrorKind::kLimit, "a value nests deeper than " + std::to_string(kMaxValueDepth));
+  return d + 1;
+}
+int nested_depth(const Dict& dict) {
+  int d = 0;
+  for (const auto& [k, x] : dict.items) d = std::max({d, k.depth(), x.depth()});
+  if (d + 1 > kMaxValueDepth) fail(ErrorKind::kLimit, "a value nests deeper than " + std::to_string(kMaxValueDepth));
+  return d + 1;
+}
+}  // namespace
+
 Value Value::list(List items) {
   Value v;
   v.kind_ = Kind::kList;
+  v.depth_ = nested_depth(items);
   v.list_ = std::make_shared<const List>(std::move(items));
   return v;
 }
@@ -64,6 +80,7 @@ Value Value::generator(List items) {
 Value Value::dict(Dict d) {
   Value v;
   v.kind_ = Kind::kDict;
+  v.depth_ = nested_depth(d);
   v.dict_ = std::make_shared<Dict>(std::move(d));
   return v;
 }
@@ -80,7 +97,8 @@ Value Value::function(std::string name, Function f) {
   return v;
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxValueDepth) fail(ErrorKind::kLimit, "the request's JSON nests deeper than " + std::to_string(kMaxValueDepth));
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return none();
     case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
@@ -95,13 +113,13 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       List items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json(e, depth + 1));
       return list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict d;
       d.items.reserve(j.size());
-      for (const auto& [k, e] : j.items()) d.items.emplace_back(Value(k), from_json(e));
+      for (const auto& [k, e] : j.items()) d.items.emplace_back(Value(k), from_json(e, depth + 1));
       return dict(std::move(d));
     }
     default: return none();  // binary / discarded: never produced by the parser

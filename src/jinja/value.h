@@ -23,6 +23,10 @@ namespace tandem::jinja {
 
 class Value;
 using List = std::vector<Value>;
+
+// Values nest at most this deep (lists in lists, JSON from a request), so
+// printing, comparing and freeing them recurses a bounded amount.
+constexpr int kMaxValueDepth = 512;
 // Insertion-ordered, Python-equality keys; a handful of keys per dict in
 // chat templates, so a linear scan is the fast choice.
 struct Dict {
@@ -63,7 +67,8 @@ class Value {
   static Value dict(Dict d);
   static Value make_namespace(Dict attrs);
   static Value function(std::string name, Function f);
-  static Value from_json(const nlohmann::ordered_json& j);
+  // Throws TemplateError(kLimit) past kMaxValueDepth.
+  static Value from_json(const nlohmann::ordered_json& j, int depth = 1);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
@@ -86,6 +91,8 @@ class Value {
   const Function& func() const { return *fn_; }
   // For an undefined value: what was looked up, for the error message.
   const std::string& undefined_hint() const { return s_; }
+  // 1 for a scalar, 1 + the deepest item for a container.
+  int depth() const { return depth_; }
 
   bool truthy() const;
   // Python's str() and repr().
@@ -98,6 +105,7 @@ class Value {
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
   bool markup_ = false;
+  int depth_ = 1;
   int64_t i_ = 0;
   double f_ = 0.0;
   std::string s_;

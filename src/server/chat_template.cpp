@@ -83,18 +83,18 @@ std::variant<RenderedPrompt, ApiError> ChatTemplate::render(const ChatConversati
     e.code = "chat_template_error";
     return e;
   }
-  jinja::Dict ctx;
-  ctx.set(jinja::Value("messages"), jinja::Value::from_json(c.messages));
-  ctx.set(jinja::Value("tools"), jinja::Value::from_json(c.tools));
-  ctx.set(jinja::Value("documents"), jinja::Value::from_json(c.documents));
-  ctx.set(jinja::Value("add_generation_prompt"), jinja::Value(c.add_generation_prompt));
-  ctx.set(jinja::Value("bos_token"), jinja::Value(bos_));
-  ctx.set(jinja::Value("eos_token"), jinja::Value(eos_));
-  for (const auto& [k, v] : c.template_kwargs.items()) ctx.set(jinja::Value(k), jinja::Value::from_json(v));
   jinja::RenderOptions options;
   options.now = now_;
   RenderedPrompt p;
   try {
+    jinja::Dict ctx;  // the request's JSON becomes values in here: it can be too deep (kLimit)
+    ctx.set(jinja::Value("messages"), jinja::Value::from_json(c.messages));
+    ctx.set(jinja::Value("tools"), jinja::Value::from_json(c.tools));
+    ctx.set(jinja::Value("documents"), jinja::Value::from_json(c.documents));
+    ctx.set(jinja::Value("add_generation_prompt"), jinja::Value(c.add_generation_prompt));
+    ctx.set(jinja::Value("bos_token"), jinja::Value(bos_));
+    ctx.set(jinja::Value("eos_token"), jinja::Value(eos_));
+    for (const auto& [k, v] : c.template_kwargs.items()) ctx.set(jinja::Value(k), jinja::Value::from_json(v));
     p.text = template_->render(ctx, options);
   } catch (const jinja::TemplateError& err) {
     std::string what;

@@ -1,5 +1,7 @@
 #include "server/openai_protocol.h"
 
+#include "util/json_depth.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cfloat>
@@ -143,6 +145,8 @@ class FieldReader {
 // The body must be a JSON object. nlohmann validates UTF-8 in strings while
 // parsing, so every string read from a parsed body is valid UTF-8.
 std::variant<rjson, ApiError> parse_object(std::string_view body) {
+  if (json_nesting_depth(body, kMaxRequestJsonDepth) > kMaxRequestJsonDepth)
+    return bad_json("it nests deeper than " + std::to_string(kMaxRequestJsonDepth) + " levels");
   rjson doc;
   try {
     doc = rjson::parse(body.begin(), body.end());
