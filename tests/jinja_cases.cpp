@@ -83,6 +83,10 @@ std::vector<JinjaCase> jinja_feature_cases() {
       {oj{{"us", oj::array({oj{{"name", "al"}, {"age", 40}, {"admin", true}}, oj{{"name", "bo"}, {"age", 25}, {"admin", false}}, oj{{"name", "cy"}, {"age", 33}, {"admin", true}}})}}});
   add(c, "filter_select", "{{ xs|select('odd')|list }} {{ xs|reject('odd')|list }} {{ xs|select|list }} {{ xs|select('greaterthan', 2)|list }} {{ xs|select('in', [1, 4])|list }} {{ xs|map('string')|join('-') }} {{ ['a', 'B']|map('upper')|list }} {{ xs|select('divisibleby', 2)|list }}", {oj{{"xs", {0, 1, 2, 3, 4}}}});
   add(c, "filter_generators", "{{ xs|select('odd') is iterable }} {{ xs|select('odd') is sequence }} {{ []|select|first is defined }} {{ none|selectattr('a')|list }} {{ none|map(attribute='x')|list }} {{ 'yes' if []|select else 'no' }} {{ xs|reverse|first }} {% for x in xs|map('string') %}{{ loop.length }}{{ x }}{% endfor %}", {oj{{"xs", {1, 2, 3}}}});
+  add(c, "reverse_generator", "{{ xs|select('odd')|reverse|list }} {{ xs|select|reverse|first }} {{ xs|reverse is sequence }}", {oj{{"xs", {1, 2, 3}}}});
+  add(c, "block_scopes", "{% set body %}{% set inner = 1 %}x{% endset %}{{ inner is defined }}{% filter upper %}{% set inner2 = 1 %}y{% endfilter %}{{ inner2 is defined }}{% generation %}{% set g = 1 %}z{% endgeneration %}{{ g is defined }}");
+  add(c, "for_else_break", "{% for i in [1, 2, 3] %}{% for j in [] %}{% else %}{% if i == 2 %}{% break %}{% endif %}{% endfor %}{{ i }}{% endfor %}|{% for i in [1, 2, 3] %}{% for j in [] %}{% else %}{% continue %}{% endfor %}{{ i }}{% endfor %}");
+  add(c, "big_slice_step", "{{ xs[1::9223372036854775807] }} {{ 'abc'[1::9223372036854775807] }} {{ xs[::-9223372036854775807] }}", {oj{{"xs", {1, 2, 3}}}});
   add(c, "generator_has_no_len", "{{ xs|map('string')|length }}", {oj{{"xs", {1}}}});
   add(c, "generator_has_no_json", "{{ xs|select|tojson }}", {oj{{"xs", {1}}}});
   add(c, "filter_dicts", "{{ d|dictsort }} {{ d|dictsort(reverse=true) }} {{ d|dictsort(by='value') }} {{ d|items|list }} {{ d|list }} {{ d|length }} {% for k, v in d|items %}{{ k }}{{ v }}{% endfor %}", {oj{{"d", oj{{"b", 2}, {"a", 3}, {"C", 1}}}}});

@@ -262,6 +262,38 @@ TEST(JinjaSandbox, ValuesNestBoundedlySoNothingRecursesWithoutEnd) {
   EXPECT_EQ(jinja::Value::from_json(ok).depth(), 101);
 }
 
+TEST(JinjaSandbox, HugeCountsSizesAndIndexesAreLimitErrorsNotCrashes) {
+  EXPECT_EQ(error_of("{{ 'abc' * 6148914691236517206 }}"), ErrorKind::kLimit);  // would wrap a size check
+  EXPECT_EQ(render("{{ ('' * 1000000000000000000)|length }}{{ ([] * 1000000000000000000)|length }}"), "00");
+  EXPECT_EQ(error_of("{% set s = 'x' * 10000000 %}{{ s ~ s }}"), ErrorKind::kLimit);
+  EXPECT_EQ(error_of("{{ 'x'|indent(1000000000000) }}"), ErrorKind::kLimit);
+  EXPECT_EQ(error_of("{{ [1]|tojson(indent=2000000000) }}"), ErrorKind::kLimit);
+  EXPECT_EQ(error_of("{% set s = 'x' * 1000000 %}{{ s.replace('', s) }}"), ErrorKind::kLimit);
+  EXPECT_EQ(error_of("{{ '{99999999999999999999}'.format(1) }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(error_of("{{ [{'a': 1}]|map(attribute='99999999999999999999')|list }}"), ErrorKind::kRuntime);
+  EXPECT_EQ(error_of("{{ '%d' % 1e300 }}"), ErrorKind::kUnsupported);
+  EXPECT_EQ(error_of("{{ '%-600s' % 'x' }}"), ErrorKind::kUnsupported);
+  EXPECT_EQ(error_of("{{ range(0, 10, -9223372036854775807 - 1)|list }}"), ErrorKind::kLimit);
+}
+
+TEST(JinjaSandbox, NestingThatMultipliesAcrossLimitsStopsBeforeTheStackDoes) {
+  // A 100000-long else-if chain is refused by the parser...
+  std::string chain = "{{ ";
+  for (int i = 0; i < 100000; ++i) chain += "x if y else ";
+  EXPECT_EQ(error_of(chain + "z }}"), ErrorKind::kLimit);
+  // ... and a macro whose recursion sits deep in an expression, 64 calls
+  // deep, by the frame limit (each limit alone would allow it).
+  std::string deep = "{% macro m(n) %}{{ (m(n - 1) if n else '')";
+  for (int i = 0; i < 400; ++i) deep += " ~ 'a'";
+  deep += " }}{% endmacro %}{{ m(60) }}";
+  EXPECT_EQ(error_of(deep), ErrorKind::kLimit);
+  // The macro specials tandem does not define are refused, not left undefined.
+  EXPECT_EQ(error_of("{% macro m() %}{{ varargs }}{% endmacro %}{{ m() }}"), ErrorKind::kUnsupported);
+  EXPECT_EQ(error_of("{% macro m() %}{{ kwargs|length }}{% endmacro %}{{ m() }}"), ErrorKind::kUnsupported);
+  // A bound method (which holds its object) cannot go into a namespace: no cycles.
+  EXPECT_EQ(error_of("{% set ns = namespace() %}{% set l = [ns] %}{% set ns.f = l.count %}"), ErrorKind::kUnsupported);
+}
+
 TEST(JinjaErrors, EachFailureSaysWhatAndWhere) {
   int line = 0;
   EXPECT_EQ(error_of("line one\n{% if %}", fixed_clock(), &line), ErrorKind::kSyntax);

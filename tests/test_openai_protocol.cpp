@@ -483,6 +483,20 @@ TEST(OpenAIChatRequest, UnsupportedFeaturesNameTheField) {
   }
 }
 
+TEST(OpenAIChatRequest, BodiesTooDeepOrTooWideAreRefusedBeforeParsing) {
+  std::string wide = R"({"messages": [{"role": "user", "content": "q"}], "chat_template_kwargs": {)";
+  for (int i = 0; i < 2000; ++i) wide += (i ? "," : "") + std::string("\"k") + std::to_string(i) + "\": 0";
+  wide += "}}";
+  const ApiError w = chat_error(wide);
+  EXPECT_EQ(w.status, 400);
+  EXPECT_NE(w.message.find("more than 1024 keys"), std::string::npos) << w.message;
+  const ApiError d = chat_error(R"({"messages": )" + std::string(200, '[') + std::string(200, ']') + "}");
+  EXPECT_NE(d.message.find("nests deeper than 128"), std::string::npos) << d.message;
+  // Brackets and colons inside strings do not count.
+  const ChatRequest ok = chat(R"({"messages": [{"role": "user", "content": ")" + std::string(500, '[') + std::string(3000, ':') + R"("}]})");
+  EXPECT_EQ(ok.conversation.messages.size(), 1u);
+}
+
 TEST(OpenAIChatRequest, BadMessages) {
   struct Case {
     const char* body;
@@ -530,6 +544,8 @@ TEST(OpenAIChatRequest, BadMessages) {
            Case{R"({"messages": [{"role": "user", "content": "q"}], "chat_template_kwargs": {"messages": []}})", "chat_template_kwargs", "invalid_value"},
            Case{R"({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "function"}], "tool_choice": "none"})", "tools[0].function", "missing_required_parameter"},
            Case{R"({"messages": [{"role": "user", "content": "q"}], "documents": {}})", "documents", "invalid_type"},
+           Case{R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]"}}]}]})",
+                "messages[0].tool_calls[0].function.arguments", "invalid_value"},
        }) {
     expect_error(chat_error(c.body), 400, c.param, c.code, c.body);
   }

@@ -20,8 +20,10 @@ LoadedModel load_model(const std::string& path, bool quiet, LoadOptions options)
       std::fflush(stderr);
     };
   }
-  m.model = Model::load(m.file, options);
+  // The tokenizer first: a vocabulary tandem cannot read fails in
+  // milliseconds, before the weights are paged in and copied.
   m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*m.file));
+  m.model = Model::load(m.file, options);
   m.load_seconds = sw.elapsed_s();
   return m;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -153,6 +154,11 @@ int64_t cp_index(const std::string& s, size_t byte) {
 }
 
 std::string str_replace(const std::string& s, const std::string& old, const std::string& repl, int64_t count) {
+  // Each replacement adds at most repl's bytes: bound the result before building it.
+  const uint64_t hits = old.empty() ? s.size() + 1 : s.size() / old.size();
+  if (s.size() + std::min<uint64_t>(hits, count < 0 ? hits : static_cast<uint64_t>(count)) * repl.size() >
+      static_cast<uint64_t>(kMaxStringBytes))
+    fail(ErrorKind::kLimit, "replace would build a string past the size limit");
   std::string out;
   if (old.empty()) {
     const std::vector<uint32_t> cps = utf8_decode(s);
@@ -298,7 +304,12 @@ std::string str_format(const std::string& fmt, CallArgs& args) {
         fail(ErrorKind::kUnsupported, "str.format field '{" + field + "}' is not supported (only {}, {0} and {name})");
       const Value* v = nullptr;
       if (field.empty() || std::all_of(field.begin(), field.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); })) {
-        const size_t idx = field.empty() ? auto_index++ : std::stoul(field);
+        size_t idx = auto_index;
+        if (field.empty()) {
+          ++auto_index;
+        } else if (std::from_chars(field.data(), field.data() + field.size(), idx).ec != std::errc()) {
+          fail(ErrorKind::kRuntime, "Replacement index " + field + " out of range for positional args tuple");
+        }
         if (idx >= args.positional.size()) fail(ErrorKind::kRuntime, "Replacement index " + std::to_string(idx) + " out of range for positional args tuple");
         v = &args.positional[idx];
       } else {
@@ -586,8 +597,12 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
   };
   const int64_t b = clamp(opt(start, "slice start"), k > 0 ? 0 : n - 1);
   const int64_t e = clamp(opt(stop, "slice stop"), k > 0 ? n : -1);
+  // The count first (in 128 bits: a step near INT64_MAX must not wrap the index).
+  const __int128 span = k > 0 ? static_cast<__int128>(e) - b : static_cast<__int128>(b) - e;
+  const __int128 stride = k > 0 ? static_cast<__int128>(k) : -static_cast<__int128>(k);
+  const int64_t count = span <= 0 ? 0 : static_cast<int64_t>((span + stride - 1) / stride);
   std::vector<int64_t> idx;
-  for (int64_t i = b; k > 0 ? i < e : i > e; i += k) idx.push_back(i);
+  for (int64_t j = 0; j < count; ++j) idx.push_back(static_cast<int64_t>(b + j * static_cast<__int128>(k)));
   if (obj.is_string()) {
     std::string out;
     for (int64_t i : idx) out += utf8_encode(cps, i, i + 1);
@@ -642,7 +657,10 @@ Value attribute_path(const Value& item, const std::string& path) {
     const size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-    v = get_item(v, digits ? Value(static_cast<int64_t>(std::stoll(part))) : Value(part));
+    int64_t index = 0;
+    const bool is_index = digits && std::from_chars(part.data(), part.data() + part.size(), index).ec == std::errc();
+    if (digits && !is_index) fail(ErrorKind::kRuntime, "attribute index " + part + " is out of range");
+    v = get_item(v, is_index ? Value(index) : Value(part));
     if (dot == std::string::npos) return v;
     start = dot + 1;
   }
@@ -705,7 +723,9 @@ Value min_max(const Value& seq, Args& args, bool want_max) {
 }
 
 std::string indent(std::string s, const Value& width, bool first, bool blank) {
-  const std::string pad = width.is_string() ? width.str() : std::string(std::max<int64_t>(0, int_arg(width, "indent")), ' ');
+  const int64_t n = width.is_string() ? 0 : int_arg(width, "indent");
+  if (n > kMaxStringBytes) fail(ErrorKind::kLimit, "indent width past the string size limit");
+  const std::string pad = width.is_string() ? width.str() : std::string(std::max<int64_t>(0, n), ' ');
   s += "\n";  // Jinja's own quirk, so that splitlines keeps a trailing empty line
   const std::vector<std::string> lines = splitlines(s, false);
   std::string rv;
@@ -744,7 +764,8 @@ Value to_json_filter(const Value& v, Args& args) {
     o.indent_is_text = true;
     o.indent_text = indent_v.str();
   } else if (!indent_v.is_none()) {
-    o.indent = static_cast<int>(std::max<int64_t>(0, int_arg(indent_v, "indent")));
+    o.indent = static_cast<int>(std::clamp<int64_t>(int_arg(indent_v, "indent"), 0, 4096));
+    if (int_arg(indent_v, "indent") > 4096) fail(ErrorKind::kLimit, "tojson indent past 4096");
   }
   const Value seps = args.get(2);
   if (!seps.is_none()) {
@@ -972,10 +993,12 @@ const std::unordered_map<std::string, FilterFn>& filters() {
     t["reverse"] = [](Runtime&, const Value& v, CallArgs& a) {
       Args(a, "reverse", {}).no_extra_keywords();
       if (v.is_string()) return get_slice(v, Value::none(), Value::none(), Value(int64_t{-1}));
-      if (v.kind() == Value::Kind::kGenerator) fail(ErrorKind::kRuntime, "'generator' object is not reversible");
       List items = iterate(v);
       std::reverse(items.begin(), items.end());
-      return Value::generator(std::move(items));  // a reverse iterator in Jinja2
+      // A reverse iterator in Jinja2, except for what reversed() refuses
+      // (a generator), which it reverses into a list.
+      if (v.kind() == Value::Kind::kGenerator) return Value::list(std::move(items));
+      return Value::generator(std::move(items));
     };
     t["round"] = [](Runtime&, const Value& v, CallArgs& a) {
       Args args(a, "round", {"precision", "method"});
@@ -1139,6 +1162,7 @@ Dict make_globals(Runtime& rt) {
             if (args.has(2)) step = int_arg(args.get(2), "range");
           }
           if (step == 0) fail(ErrorKind::kRuntime, "range() arg 3 must not be zero");
+          if (step == INT64_MIN) fail(ErrorKind::kLimit, "range() step out of range");
           const __int128 span = step > 0 ? static_cast<__int128>(stop) - start : static_cast<__int128>(start) - stop;
           const __int128 n = span <= 0 ? 0 : (span + (step > 0 ? step : -step) - 1) / (step > 0 ? step : -step);
           if (n > rt.options.limits.max_range_size)

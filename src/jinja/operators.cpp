@@ -10,7 +10,14 @@
 namespace tandem::jinja {
 namespace {
 
-constexpr size_t kMaxRepeatBytes = 16u << 20;
+// A string result past kMaxStringBytes is a limit error, as a list past this many items.
+constexpr int64_t kMaxRepeatItems = 1 << 20;
+
+Value checked_string(std::string s, bool markup) {
+  if (static_cast<int64_t>(s.size()) > kMaxStringBytes)
+    fail(ErrorKind::kLimit, "a string past " + std::to_string(kMaxStringBytes) + " bytes");
+  return markup ? Value::markup(std::move(s)) : Value(std::move(s));
+}
 
 [[noreturn]] void type_error(const std::string& op, const Value& a, const Value& b) {
   fail(ErrorKind::kRuntime, "unsupported operand type(s) for " + op + ": '" + a.type_name() + "' and '" +
@@ -22,15 +29,18 @@ void check_overflow(bool overflow) {
 }
 
 Value repeat(const Value& seq, int64_t times) {
-  if (times <= 0) return seq.is_string() ? Value(std::string()) : seq.kind() == Value::Kind::kTuple ? Value::tuple({}) : Value::list({});
+  const size_t size = seq.is_string() ? seq.str().size() : seq.items().size();
+  if (times <= 0 || size == 0)
+    return seq.is_string() ? Value(std::string()) : seq.kind() == Value::Kind::kTuple ? Value::tuple({}) : Value::list({});
+  // Divide rather than multiply, so a huge count cannot wrap the check.
   if (seq.is_string()) {
-    if (seq.str().size() * static_cast<uint64_t>(times) > kMaxRepeatBytes) fail(ErrorKind::kLimit, "string repetition past 16 MiB");
+    if (times > kMaxStringBytes / static_cast<int64_t>(size)) fail(ErrorKind::kLimit, "string repetition past the size limit");
     std::string out;
-    out.reserve(seq.str().size() * times);
+    out.reserve(size * static_cast<size_t>(times));
     for (int64_t i = 0; i < times; ++i) out += seq.str();
     return Value(std::move(out));
   }
-  if (seq.items().size() * static_cast<uint64_t>(times) > kMaxRepeatBytes / 16) fail(ErrorKind::kLimit, "list repetition too large");
+  if (times > kMaxRepeatItems / static_cast<int64_t>(size)) fail(ErrorKind::kLimit, "list repetition too large");
   List out;
   for (int64_t i = 0; i < times; ++i) out.insert(out.end(), seq.items().begin(), seq.items().end());
   return seq.kind() == Value::Kind::kTuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
@@ -68,7 +78,7 @@ Value py_unary(const std::string& op, const Value& a) {
 }
 
 Value py_binary(const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") return Value(a.to_str() + b.to_str());
+  if (op == "~") return checked_string(a.to_str() + b.to_str(), false);
   if (a.is_undefined()) undefined_error(a);
   if (b.is_undefined()) undefined_error(b);
   const bool ints = a.is_integer() && b.is_integer();
@@ -81,11 +91,13 @@ Value py_binary(const std::string& op, const Value& a, const Value& b) {
     }
     if (nums) return Value(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) {
-      if (a.is_markup() == b.is_markup()) return a.is_markup() ? Value::markup(a.str() + b.str()) : Value(a.str() + b.str());
+      if (a.is_markup() == b.is_markup()) return checked_string(a.str() + b.str(), a.is_markup());
       // Markup + str escapes the str (and str + Markup likewise), as markupsafe does.
-      return Value::markup(a.is_markup() ? a.str() + html_escape(b.str()) : html_escape(a.str()) + b.str());
+      return checked_string(a.is_markup() ? a.str() + html_escape(b.str()) : html_escape(a.str()) + b.str(), true);
     }
     if (a.is_sequence() && a.kind() == b.kind()) {
+      if (static_cast<int64_t>(a.items().size() + b.items().size()) > kMaxRepeatItems)
+        fail(ErrorKind::kLimit, "a list past " + std::to_string(kMaxRepeatItems) + " items");
       List out = a.items();
       out.insert(out.end(), b.items().begin(), b.items().end());
       return a.kind() == Value::Kind::kTuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
@@ -272,11 +284,22 @@ std::string py_percent_format(const std::string& fmt, const Value& args) {
     }
     if (++i >= fmt.size()) fail(ErrorKind::kRuntime, "incomplete format");
     std::string spec = "%";
-    while (i < fmt.size() && std::string("-+ #0").find(fmt[i]) != std::string::npos) spec += fmt[i++];
-    while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) spec += fmt[i++];
+    bool alt_or_zero = false;
+    while (i < fmt.size() && std::string("-+ #0").find(fmt[i]) != std::string::npos) {
+      alt_or_zero = alt_or_zero || fmt[i] == '#' || fmt[i] == '0';
+      spec += fmt[i++];
+    }
+    // Width and precision stay small so the fixed buffer below always holds the result.
+    auto digits = [&] {
+      std::string d;
+      while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) d += fmt[i++];
+      if (d.size() > 2) fail(ErrorKind::kUnsupported, "a format width or precision above 99 is not supported");
+      return d;
+    };
+    spec += digits();
     if (i < fmt.size() && fmt[i] == '.') {
       spec += fmt[i++];
-      while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) spec += fmt[i++];
+      spec += digits();
     }
     if (i >= fmt.size()) fail(ErrorKind::kRuntime, "incomplete format");
     const char conv = fmt[i];
@@ -289,14 +312,20 @@ std::string py_percent_format(const std::string& fmt, const Value& args) {
     char buf[512];
     if (conv == 's' || conv == 'r') {
       const std::string s = conv == 's' ? v.to_str() : v.repr();
-      if (spec == "%") {
+      if (alt_or_zero) fail(ErrorKind::kUnsupported, "the # and 0 flags with %s are not supported");
+      if (spec == "%" || s.size() > 256) {
+        if (spec != "%") fail(ErrorKind::kUnsupported, "a padded %s of a long string is not supported");
         out += s;
         continue;
       }
       std::snprintf(buf, sizeof buf, (spec + "s").c_str(), s.c_str());
     } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o') {
       if (!v.is_number()) fail(ErrorKind::kRuntime, "%" + std::string(1, conv) + " format: a real number is required, not " + v.type_name());
+      if (!v.is_integer() && !(std::fabs(v.as_double()) < 9.2e18))
+        fail(ErrorKind::kUnsupported, "%" + std::string(1, conv) + " of a float this large is not supported");
       const long long n = v.is_integer() ? v.as_int() : static_cast<long long>(v.as_double());
+      if (n < 0 && conv != 'd' && conv != 'i')
+        fail(ErrorKind::kUnsupported, "%" + std::string(1, conv) + " of a negative number is not supported");
       std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(), n);
     } else if (conv == 'f' || conv == 'F' || conv == 'e' || conv == 'E' || conv == 'g' || conv == 'G') {
       if (!v.is_number()) fail(ErrorKind::kRuntime, "must be real number, not " + v.type_name());

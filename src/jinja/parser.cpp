@@ -160,9 +160,11 @@ class Parser {
     if (tag == "generation") {  // transformers' assistant-mask tag: renders its body
       next();
       end_tag();
-      NodePtr inner = parse_body({"endgeneration"});
+      // A call block in transformers: its body has a scope of its own.
+      NodePtr scope = std::make_unique<Node>(NodeKind::kWith, line);
+      scope->children.push_back(parse_body({"endgeneration"}));
       close("endgeneration");
-      return body.children.push_back(std::move(inner));
+      return body.children.push_back(std::move(scope));
     }
     if (tag == "include" || tag == "import" || tag == "from" || tag == "extends" || tag == "block" ||
         tag == "call" || tag == "do" || tag == "autoescape" || tag == "trans")
@@ -189,6 +191,21 @@ class Parser {
       end_tag();
       return n;
     }
+  }
+
+  // The variables Jinja2 defines inside a macro that this interpreter does
+  // not ("varargs", "kwargs", "caller"), if the body reads one.
+  static const char* uses_macro_specials(const Node& n) {
+    if (n.kind == NodeKind::kName)
+      for (const char* special : {"varargs", "kwargs", "caller"})
+        if (n.text == special) return special;
+    for (const auto& c : n.children)
+      if (c)
+        if (const char* s = uses_macro_specials(*c)) return s;
+    for (const auto& [k, c] : n.keyword)
+      if (c)
+        if (const char* s = uses_macro_specials(*c)) return s;
+    return nullptr;
   }
 
   std::vector<std::string> parse_targets(const char* what) {
@@ -279,6 +296,8 @@ class Parser {
     NodePtr body = parse_body({"endmacro"});
     loop_depth_ = saved_loops;
     close("endmacro");
+    if (const char* special = uses_macro_specials(*body))
+      fail(ErrorKind::kUnsupported, std::string("a macro's '") + special + "' is not supported", n->line);
     for (auto& d : defaults) n->children.push_back(std::move(d));
     n->children.push_back(std::move(body));
     return n;
@@ -352,6 +371,7 @@ class Parser {
   }
 
   NodePtr parse_condexpr() {
+    DepthGuard guard(*this);  // "a if b else c if d else ..." recurses here
     NodePtr expr = parse_or();
     while (is_name("if")) {
       NodePtr n = node(NodeKind::kCondExpr);

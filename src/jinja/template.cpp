@@ -37,9 +37,12 @@ ScopePtr child(const ScopePtr& parent) {
 
 enum class Flow { kNormal, kBreak, kContinue };
 
+// Whether v is or holds a namespace or a function (a bound method holds its
+// object, a macro its scope): what could close a cycle through a namespace.
 bool contains_namespace(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kNamespace: return true;
+    case Value::Kind::kNamespace:
+    case Value::Kind::kFunction: return true;
     case Value::Kind::kList:
     case Value::Kind::kTuple:
     case Value::Kind::kGenerator:
@@ -81,8 +84,25 @@ class Interpreter {
     out += text;
   }
 
+  // Nested exec/eval frames of this render: each limit (tree depth, macro
+  // depth, statement nesting) is bounded alone, but they multiply; this
+  // bounds the product, so a render never runs out of stack.
+  static constexpr int kMaxFrames = 1500;
+  struct Frame {
+    int& depth;
+    explicit Frame(int& d) : depth(d) {
+      if (++depth > kMaxFrames) {
+        --depth;
+        fail(ErrorKind::kLimit, "the template nests calls and expressions deeper than " + std::to_string(kMaxFrames));
+      }
+    }
+    ~Frame() { --depth; }
+  };
+  int frames_ = 0;
+
   Flow exec(const Node& n, const ScopePtr& scope, std::string& out) {
     try {
+      Frame frame(frames_);
       return exec_inner(n, scope, out);
     } catch (TemplateError& e) {
       e.set_line_if_unknown(n.line);
@@ -133,7 +153,7 @@ class Interpreter {
           // Namespaces are the only mutable values: keeping them out of each
           // other keeps every value a tree (no cycles, a bounded depth).
           if (contains_namespace(v))
-            fail(ErrorKind::kUnsupported, "a namespace stored in a namespace attribute is not supported");
+            fail(ErrorKind::kUnsupported, "a namespace or function stored in a namespace attribute is not supported");
           ns->namespace_attrs().set(Value(n.attr), v);
         } else {
           assign(scope, n.names, v);
@@ -142,7 +162,7 @@ class Interpreter {
       }
       case NodeKind::kSetBlock: {
         std::string captured;
-        exec(*n.children[0], scope, captured);
+        exec(*n.children[0], child(scope), captured);  // the body's sets stay inside, as in Jinja2
         Value v(std::move(captured));
         if (n.children[1]) v = apply_filters(*n.children[1], std::move(v), scope);
         scope->vars[n.names[0]] = std::move(v);
@@ -153,7 +173,7 @@ class Interpreter {
       case NodeKind::kContinue: return Flow::kContinue;
       case NodeKind::kFilterBlock: {
         std::string captured;
-        exec(*n.children[1], scope, captured);
+        exec(*n.children[1], child(scope), captured);
         append(out, apply_filters(*n.children[0], Value(std::move(captured)), scope).to_str());
         return Flow::kNormal;
       }
@@ -179,7 +199,8 @@ class Interpreter {
       items = std::move(kept);
     }
     if (items.empty()) {
-      if (n.children[2]) exec(*n.children[2], child(scope), out);
+      // The else body runs outside this loop: a break there is an enclosing loop's.
+      if (n.children[2]) return exec(*n.children[2], child(scope), out);
       return Flow::kNormal;
     }
     const auto len = static_cast<int64_t>(items.size());
@@ -279,6 +300,7 @@ class Interpreter {
 
   Value eval(const Node& n, const ScopePtr& scope) {
     try {
+      Frame frame(frames_);
       return eval_inner(n, scope);
     } catch (TemplateError& e) {
       e.set_line_if_unknown(n.line);

@@ -27,6 +27,8 @@ using List = std::vector<Value>;
 // Values nest at most this deep (lists in lists, JSON from a request), so
 // printing, comparing and freeing them recurses a bounded amount.
 constexpr int kMaxValueDepth = 512;
+// A string a template builds (by +, ~, *, replace, indent) is at most this long.
+constexpr int64_t kMaxStringBytes = 16 << 20;
 // Insertion-ordered, Python-equality keys; a handful of keys per dict in
 // chat templates, so a linear scan is the fast choice.
 struct Dict {

@@ -431,8 +431,8 @@ std::optional<RouterServer::Pair> RouterServer::pick_pair(const RequestShape& sh
 
 void RouterServer::generate(const httplib::Request& req, httplib::Response& res, const std::string& path) {
   ++counters_.requests;
-  if (json_nesting_depth(req.body, kMaxRequestJsonDepth) > kMaxRequestJsonDepth)
-    return send_error(res, server::bad_json("it nests deeper than " + std::to_string(kMaxRequestJsonDepth) + " levels"));
+  if (const std::string_view problem = json_shape_problem(req.body); !problem.empty())
+    return send_error(res, server::bad_json(problem));
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded() || !body.is_object()) return send_error(res, server::bad_json("the body is not a JSON object"));
   if (in_flight_.load() >= config_.max_in_flight) {

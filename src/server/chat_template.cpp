@@ -107,6 +107,10 @@ std::variant<RenderedPrompt, ApiError> ChatTemplate::render(const ChatConversati
     ApiError e = invalid_value("messages", valid_utf8(what + err.describe()));
     e.code = "chat_template_error";
     return e;
+  } catch (const std::exception& err) {  // memory: a value too large to build
+    ApiError e = invalid_value("messages", valid_utf8(std::string("the chat template hit a sandbox limit: ") + err.what()));
+    e.code = "chat_template_error";
+    return e;
   }
   p.add_special = bos_.empty() || p.text.compare(0, bos_.size(), bos_) != 0;
   return p;

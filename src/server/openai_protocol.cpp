@@ -145,8 +145,7 @@ class FieldReader {
 // The body must be a JSON object. nlohmann validates UTF-8 in strings while
 // parsing, so every string read from a parsed body is valid UTF-8.
 std::variant<rjson, ApiError> parse_object(std::string_view body) {
-  if (json_nesting_depth(body, kMaxRequestJsonDepth) > kMaxRequestJsonDepth)
-    return bad_json("it nests deeper than " + std::to_string(kMaxRequestJsonDepth) + " levels");
+  if (const std::string_view problem = json_shape_problem(body); !problem.empty()) return bad_json(problem);
   rjson doc;
   try {
     doc = rjson::parse(body.begin(), body.end());
@@ -378,8 +377,12 @@ void read_tool_calls(FieldReader& m, const rjson& calls, const std::string& pref
       if (!f.read_string("name", name) && f.ok()) f.fail(missing_field(where + ".function.name"));
       const rjson* args = f.get("arguments");
       if (f.ok() && args && args->is_string()) {
-        rjson parsed = rjson::parse(args->get_ref<const std::string&>(), nullptr, false);
-        if (parsed.is_discarded()) {
+        const std::string& text = args->get_ref<const std::string&>();
+        const std::string_view problem = json_shape_problem(text);
+        rjson parsed = problem.empty() ? rjson::parse(text, nullptr, false) : rjson(rjson::value_t::discarded);
+        if (!problem.empty()) {
+          f.fail(invalid_value(where + ".function.arguments", std::string("is too large a JSON document: ") + std::string(problem) + "."));
+        } else if (parsed.is_discarded()) {
           f.fail(invalid_value(where + ".function.arguments", "is not valid JSON (it must be a JSON-encoded object)."));
         } else {
           normalized["function"]["arguments"] = std::move(parsed);
