@@ -10,10 +10,12 @@
 #include <numeric>
 #include <vector>
 
+#include "gguf/dequantize.h"
 #include "gguf/gguf.h"
 #include "kernels/isa.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "model_fixtures.h"
 #include "reference_forward.h"
 #include "util/error.h"
@@ -243,7 +245,7 @@ TEST(Model, EveryKernelVariantGivesTheSameGreedyTokens) {
 }
 
 TEST(Model, RejectsUnsupportedTensorTypeNamingIt) {
-  // A copy of the tiny model with one matrix stored as q4_0.
+  // A copy of the tiny model with one matrix stored as q8_1 (no kernel, no conversion).
   const gguf::File src = gguf::File::open(testing::tiny_model_path("llama", DType::kF32));
   gguf::Writer w;
   for (const auto& kv : src.metadata())
@@ -251,7 +253,7 @@ TEST(Model, RejectsUnsupportedTensorTypeNamingIt) {
   for (const auto& t : src.tensors()) {
     if (t.name == "blk.1.ffn_up.weight") {
       const uint64_t n_blocks = t.n_elements() / 32;
-      w.add_tensor(t.name, gguf::TensorType::Q4_0, t.dims, std::vector<uint8_t>(n_blocks * 18, 0));
+      w.add_tensor(t.name, gguf::TensorType::Q8_1, t.dims, std::vector<uint8_t>(n_blocks * 36, 0));
     } else {
       w.add_tensor(t.name, t.type, t.dims, std::vector<uint8_t>(t.data, t.data + t.n_bytes));
     }
@@ -259,12 +261,12 @@ TEST(Model, RejectsUnsupportedTensorTypeNamingIt) {
   auto file = std::make_shared<const gguf::File>(gguf::File::parse(w.to_bytes(), "q4.gguf"));
   try {
     Model::load(file);
-    FAIL() << "a q4_0 tensor must be rejected";
+    FAIL() << "a q8_1 tensor must be rejected";
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("blk.1.ffn_up.weight"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("q4_0"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("f32, f16, bf16, q8_0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("q8_1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("f32, f16, bf16, q8_0; converted to q8_0 at load: q4_0"), std::string::npos) << msg;
   }
 }
 
@@ -419,6 +421,124 @@ TEST(SplitGguf, AMissingForeignOrOutOfOrderPartIsAnErrorNamingIt) {
     std::filesystem::rename(parts[0], renamed);
     const std::string e = error_of(renamed);
     EXPECT_NE(e.find("its other parts cannot be found"), std::string::npos) << e;
+  }
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// ---- quant types without kernels: converted to q8_0 at load ----
+
+// Random blocks of `type` (every bit pattern of the quants) with small finite f16 scales.
+std::vector<uint8_t> random_blocks(gguf::TensorType type, uint64_t n_blocks, uint64_t seed) {
+  const size_t bytes = gguf::type_block_bytes(type);
+  std::vector<uint8_t> out(n_blocks * bytes);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& b : out) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    b = static_cast<uint8_t>(s);
+  }
+  std::vector<size_t> halves;  // offsets of the f16 scale (and min) fields in a block
+  switch (type) {
+    case gguf::TensorType::Q4_1: case gguf::TensorType::Q5_1: case gguf::TensorType::Q4_K: case gguf::TensorType::Q5_K: halves = {0, 2}; break;
+    case gguf::TensorType::Q2_K: halves = {80, 82}; break;
+    case gguf::TensorType::Q3_K: halves = {108}; break;
+    case gguf::TensorType::Q6_K: halves = {208}; break;
+    default: halves = {0}; break;
+  }
+  for (uint64_t i = 0; i < n_blocks; ++i)
+    for (size_t k = 0; k < halves.size(); ++k) {
+      const uint16_t h = f32_to_f16((k == 0 ? 0.01f : 0.004f) * static_cast<float>(1 + (i * 7 + k) % 5));
+      std::memcpy(out.data() + i * bytes + halves[k], &h, 2);
+    }
+  return out;
+}
+
+// The q8_0 bytes tandem makes of a tensor at load: its reference dequantization, quantized.
+std::vector<uint8_t> as_q8_0(gguf::TensorType type, const std::vector<uint8_t>& blocks, int64_t cols, int64_t rows) {
+  std::vector<float> row(static_cast<size_t>(cols));
+  const size_t src_row = gguf::row_bytes(type, static_cast<uint64_t>(cols));
+  const size_t dst_row = kernels::dtype_row_bytes(DType::kQ8_0, cols);
+  std::vector<uint8_t> out(dst_row * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    gguf::dequantize_row(type, blocks.data() + r * src_row, row.data(), cols);
+    kernels::quantize_row_q8_0_weights(row.data(), out.data() + r * dst_row, cols);
+  }
+  return out;
+}
+
+class ModelConversion : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelConversion, QuantTypesWithoutKernelsComputeAsTheirQ8_0Conversion) {
+  // The tiny model with its layers' matrices (the 3-D expert tensors of
+  // qwen3moe too) in the 32-element quant types (random blocks), and the
+  // same model with those matrices given as the q8_0 bytes the conversion
+  // must make: their logits are bitwise equal.
+  const gguf::File src = gguf::File::open(testing::tiny_model_path(GetParam(), DType::kF32));
+  const gguf::TensorType types[] = {gguf::TensorType::Q4_0, gguf::TensorType::Q4_1, gguf::TensorType::Q5_0,
+                                    gguf::TensorType::Q5_1, gguf::TensorType::IQ4_NL};
+  gguf::Writer quant, q8;
+  for (const auto& kv : src.metadata())
+    if (kv.key != "general.alignment") quant.set(kv.key, kv.value), q8.set(kv.key, kv.value);
+  size_t i = 0;
+  for (const auto& t : src.tensors()) {
+    const bool router = t.name.find("ffn_gate_inp") != std::string::npos;  // kept f32, as llama.cpp does
+    if (t.dims.size() >= 2 && t.name.rfind("blk.", 0) == 0 && !router) {
+      const gguf::TensorType type = types[i % std::size(types)];
+      const auto blocks = random_blocks(type, t.n_elements() / 32, ++i);
+      const auto cols = static_cast<int64_t>(t.dims[0]);
+      const auto rows = static_cast<int64_t>(t.n_elements() / t.dims[0]);  // every expert's rows, in order
+      q8.add_tensor(t.name, gguf::TensorType::Q8_0, t.dims, as_q8_0(type, blocks, cols, rows));
+      quant.add_tensor(t.name, type, t.dims, blocks);
+    } else {
+      const std::vector<uint8_t> bytes(t.data, t.data + t.n_bytes);
+      quant.add_tensor(t.name, t.type, t.dims, bytes);
+      q8.add_tensor(t.name, t.type, t.dims, bytes);
+    }
+  }
+  ASSERT_GE(i, 10u);
+  auto a = Model::load(std::make_shared<const gguf::File>(gguf::File::parse(quant.to_bytes(), "quant.gguf")));
+  auto b = Model::load(std::make_shared<const gguf::File>(gguf::File::parse(q8.to_bytes(), "q8.gguf")));
+  EXPECT_EQ(a->weight_dtype(), DType::kQ8_0);
+  const std::string summary = a->converted_weights().summary();
+  EXPECT_NE(summary.find(std::to_string(i) + " tensors (iq4_nl: "), std::string::npos) << summary;
+  EXPECT_NE(summary.find("q5_1: "), std::string::npos) << summary;
+  EXPECT_TRUE(b->converted_weights().summary().empty());
+  ThreadPool pool(2);
+  const auto toks = tokens(9, 1, a->config().n_vocab);
+  const std::vector<float> la = run_alone(*a, toks, {9}, pool);
+  const std::vector<float> lb = run_alone(*b, toks, {9}, pool);
+  ASSERT_EQ(la.size(), lb.size());
+  EXPECT_TRUE(bitwise_equal(la.data(), lb.data(), la.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, ModelConversion, ::testing::Values("llama", "qwen3moe"));
+
+TEST(ModelConversionK, KQuantMatricesConvertRowByRowAndOnlyInsideALoad) {
+  // A [256 x 3] matrix of each 256-element type.
+  for (gguf::TensorType type : {gguf::TensorType::Q2_K, gguf::TensorType::Q3_K, gguf::TensorType::Q4_K,
+                                gguf::TensorType::Q5_K, gguf::TensorType::Q6_K, gguf::TensorType::IQ4_XS}) {
+    SCOPED_TRACE(gguf::type_name(type));
+    const auto blocks = random_blocks(type, 3, static_cast<uint64_t>(type));
+    gguf::Writer w;
+    w.add_tensor("m", type, {256, 3}, blocks);
+    const gguf::File f = gguf::File::parse(w.to_bytes(), "k.gguf");
+    EXPECT_THROW(weight_matrix(f, "m", 256, 3), Error);  // no load in progress: not convertible
+    ConvertedWeights into;
+    kernels::WeightMatrix m;
+    {
+      const WeightConversionScope scope(into);
+      m = weight_matrix(f, "m", 256, 3);
+    }
+    EXPECT_EQ(m.type, DType::kQ8_0);
+    const std::vector<uint8_t> want = as_q8_0(type, blocks, 256, 3);
+    ASSERT_EQ(matrix_bytes(m), want.size());
+    EXPECT_EQ(std::memcmp(m.data, want.data(), want.size()), 0);
+    EXPECT_EQ(into.bytes, want.size());
+    EXPECT_NE(into.summary().find("1 tensors (" + gguf::type_name(type) + ": 1)"), std::string::npos) << into.summary();
   }
 }
 

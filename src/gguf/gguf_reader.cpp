@@ -335,7 +335,8 @@ File File::open_one(const std::string& path) {
 void File::drop_pages(const uint8_t* begin, size_t n_bytes) const {
   for (const File& p : parts_)
     if (begin >= p.base_ && begin < p.base_ + p.size_) return p.drop_pages(begin, n_bytes);
-  if (mapping_ == nullptr || n_bytes == 0) return;
+  // Only this file's own mapping: other memory (a copy) is not the file's to drop.
+  if (mapping_ == nullptr || n_bytes == 0 || begin < base_ || begin >= base_ + size_) return;
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
   const uintptr_t last = (reinterpret_cast<uintptr_t>(begin) + n_bytes) / page * page;
