@@ -22,6 +22,7 @@
 
 #include "gguf/dequantize.h"
 #include "util/error.h"
+#include "util/fp16.h"
 
 namespace tandem::gguf {
 namespace {
@@ -92,7 +93,7 @@ TEST(Dequantize, HalfToFloatIsExactForEveryHalf) {
     const int sign = (h >> 15) ? -1 : 1;
     const int exp = (h >> 10) & 0x1f;
     const int mant = h & 0x3ff;
-    const float f = half_to_float(static_cast<uint16_t>(h));
+    const float f = f16_to_f32(static_cast<uint16_t>(h));  // the scale conversion the dequantization uses
     if (exp == 0x1f) {
       EXPECT_TRUE(mant ? std::isnan(f) : std::isinf(f) && (f < 0) == (sign < 0)) << h;
       continue;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "util/error.h"
+#include "util/fp16.h"
 
 namespace tandem::gguf {
 namespace {
@@ -19,7 +20,7 @@ uint32_t u32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
          (static_cast<uint32_t>(p[3]) << 24);
 }
-float f16(const uint8_t* p) { return half_to_float(u16(p)); }
+float f16(const uint8_t* p) { return f16_to_f32(u16(p)); }
 
 // Q4_0 {d; qs[16]}, Q4_1 {d; m; qs[16]}: low nibbles are elements 0..15, high 16..31.
 void q4(const uint8_t* b, float* y, bool with_min) {
@@ -209,30 +210,6 @@ void iq4_xs(const uint8_t* b, float* y) {
 
 }  // namespace
 
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ff;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    int e = -1;
-    do {
-      ++e;
-      mant <<= 1;
-    } while ((mant & 0x400) == 0);
-    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mant & 0x3ff) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 bool can_dequantize(TensorType type) {
   switch (type) {
     case TensorType::F32: case TensorType::F16: case TensorType::BF16: case TensorType::Q4_0:
@@ -255,11 +232,7 @@ void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n) 
     switch (type) {
       case TensorType::F32: std::memcpy(y, b, 4); break;
       case TensorType::F16: *y = f16(b); break;
-      case TensorType::BF16: {
-        const uint32_t bits = static_cast<uint32_t>(u16(b)) << 16;
-        std::memcpy(y, &bits, 4);
-        break;
-      }
+      case TensorType::BF16: *y = bf16_to_f32(u16(b)); break;
       case TensorType::Q4_0: q4(b, y, false); break;
       case TensorType::Q4_1: q4(b, y, true); break;
       case TensorType::Q5_0: q5(b, y, false); break;

@@ -24,7 +24,4 @@ bool can_dequantize(TensorType type);
 // can_dequantize accepts; throws tandem::Error otherwise.
 void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n);
 
-// IEEE binary16 to float, exactly (subnormals, infinities and NaNs included).
-float half_to_float(uint16_t h);
-
 }  // namespace tandem::gguf

@@ -133,10 +133,9 @@ class Parser {
   }
 
   void end_tag() { expect(TokenType::kBlockEnd, "end of statement block"); }
-  // At the closing tag's name (parse_body stopped there): consume it and "%}".
-  void close(const char* name) {
+  // At the closing tag's name (parse_body stopped there, having checked it): consume it and "%}".
+  void close() {
     expect_name();
-    (void)name;
     end_tag();
   }
 
@@ -163,7 +162,7 @@ class Parser {
       // A call block in transformers: its body has a scope of its own.
       NodePtr scope = std::make_unique<Node>(NodeKind::kWith, line);
       scope->children.push_back(parse_body({"endgeneration"}));
-      close("endgeneration");
+      close();
       return body.children.push_back(std::move(scope));
     }
     if (tag == "include" || tag == "import" || tag == "from" || tag == "extends" || tag == "block" ||
@@ -239,7 +238,7 @@ class Parser {
     } else {
       n->children.push_back(nullptr);
     }
-    close("endfor");
+    close();
     n->children.push_back(std::move(filter));
     return n;
   }
@@ -272,7 +271,7 @@ class Parser {
     if (is_op("|")) filter = parse_filters(nullptr);
     end_tag();
     n->children.push_back(parse_body({"endset"}));
-    close("endset");
+    close();
     n->children.push_back(std::move(filter));
     return n;
   }
@@ -295,7 +294,7 @@ class Parser {
     loop_depth_ = 0;
     NodePtr body = parse_body({"endmacro"});
     loop_depth_ = saved_loops;
-    close("endmacro");
+    close();
     if (const char* special = uses_macro_specials(*body))
       fail(ErrorKind::kUnsupported, std::string("a macro's '") + special + "' is not supported", n->line);
     for (auto& d : defaults) n->children.push_back(std::move(d));
@@ -312,7 +311,7 @@ class Parser {
     end_tag();
     n->children.push_back(std::move(chain));
     n->children.push_back(parse_body({"endfilter"}));
-    close("endfilter");
+    close();
     return n;
   }
 
@@ -327,7 +326,7 @@ class Parser {
     }
     end_tag();
     n->children.push_back(parse_body({"endwith"}));
-    close("endwith");
+    close();
     return n;
   }
 

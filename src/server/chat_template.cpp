@@ -78,11 +78,12 @@ ChatTemplate ChatTemplate::from_options(std::string_view override_value, std::st
 std::string ChatTemplate::describe() const { return source_; }
 
 std::variant<RenderedPrompt, ApiError> ChatTemplate::render(const ChatConversation& c) const {
-  if (!template_) {
-    ApiError e = invalid_value("messages", error_);
+  auto failed = [](const std::string& message) {
+    ApiError e = invalid_value("messages", valid_utf8(message));
     e.code = "chat_template_error";
     return e;
-  }
+  };
+  if (!template_) return failed(error_);
   jinja::RenderOptions options;
   options.now = now_;
   RenderedPrompt p;
@@ -97,20 +98,15 @@ std::variant<RenderedPrompt, ApiError> ChatTemplate::render(const ChatConversati
     for (const auto& [k, v] : c.template_kwargs.items()) ctx.set(jinja::Value(k), jinja::Value::from_json(v));
     p.text = template_->render(ctx, options);
   } catch (const jinja::TemplateError& err) {
-    std::string what;
     switch (err.kind()) {
-      case jinja::ErrorKind::kRaised: what = "the chat template refused the conversation: "; break;
-      case jinja::ErrorKind::kUnsupported: what = "the chat template uses a Jinja feature tandem does not implement: "; break;
-      case jinja::ErrorKind::kLimit: what = "the chat template hit a sandbox limit: "; break;
-      default: what = "the chat template failed: "; break;
+      case jinja::ErrorKind::kRaised: return failed("the chat template refused the conversation: " + err.describe());
+      case jinja::ErrorKind::kUnsupported:
+        return failed("the chat template uses a Jinja feature tandem does not implement: " + err.describe());
+      case jinja::ErrorKind::kLimit: return failed("the chat template hit a sandbox limit: " + err.describe());
+      default: return failed("the chat template failed: " + err.describe());
     }
-    ApiError e = invalid_value("messages", valid_utf8(what + err.describe()));
-    e.code = "chat_template_error";
-    return e;
   } catch (const std::exception& err) {  // memory: a value too large to build
-    ApiError e = invalid_value("messages", valid_utf8(std::string("the chat template hit a sandbox limit: ") + err.what()));
-    e.code = "chat_template_error";
-    return e;
+    return failed(std::string("the chat template hit a sandbox limit: ") + err.what());
   }
   p.add_special = bos_.empty() || p.text.compare(0, bos_.size(), bos_) != 0;
   return p;
