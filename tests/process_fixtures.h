@@ -135,6 +135,16 @@ class ProcessGroup {
     }
     return false;
   }
+  // Reads what the group wrote since the last wait_for, waiting at most
+  // timeout_ms for more, into log() (a failure's message shows all of it).
+  void drain(int timeout_ms = 200) {
+    pollfd p{fd_, POLLIN, 0};
+    char buf[4096];
+    ssize_t n = 0;
+    while (::poll(&p, 1, timeout_ms) > 0 && (n = read(fd_, buf, sizeof(buf))) > 0) buffer_.append(buf, static_cast<size_t>(n));
+    log_ += buffer_;
+    buffer_.clear();
+  }
   const std::string& log() const { return log_; }
   pid_t pid() const { return pid_; }
 

@@ -363,21 +363,39 @@ INSTANTIATE_TEST_SUITE_P(
 // A decode group loses a rank (kill -9): the router sees the group not
 // ready and stops picking its ranks until the restarted rank re-forms it;
 // requests meanwhile go to the other decode group, and after it to both.
+// (The front abandons its group as soon as its supervisor reaps the rank:
+// were it to wait for a collective's timeout instead, the restarted rank
+// could be back first, and the group would re-form without ever being seen
+// out, as happened 1 run in 10 under ASan.)
 TEST(PdClusterDataParallel, AKilledDecodeRankTakesItsGroupOutOfTheRouterUntilItReforms) {
   Cluster c(1, 2, "write", "--decode-args '--data-parallel-size 2 --data-parallel-timeout-ms 5000'");
   ASSERT_TRUE(c.ready()) << c.group->log();
   httplib::Client cli("127.0.0.1", c.port);
   const json listed = json::parse(cli.Get("/debug/instances")->body);
   int rank1_port = 0;
+  std::string group;
   for (const json& i : listed["instances"])
-    if (i["role"] == "decode" && i["data_parallel"]["rank"] == 1) rank1_port = i["api_port"].get<int>();
+    if (i["role"] == "decode" && i["data_parallel"]["rank"] == 1) {
+      rank1_port = i["api_port"].get<int>();
+      group = i["data_parallel"]["group"].get<std::string>();
+    }
   ASSERT_GT(rank1_port, 0) << listed.dump();
   const json dbg = json::parse(httplib::Client("127.0.0.1", rank1_port).Get("/debug/parallel")->body, nullptr, false);
   const int pid = dbg.value("pid", 0);
   ASSERT_GT(pid, 0) << dbg.dump();
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  bool saw_one = false, back_to_two = false;
-  for (int64_t until = monotonic_ms() + 30'000; monotonic_ms() < until && !back_to_two;) {
+  // The group's failure as the router knows it: rank 0's count of them.
+  auto router_group_failures = [&] {
+    auto r = cli.Get("/debug/instances");
+    const json j = r ? json::parse(r->body, nullptr, false) : json();
+    if (!j.is_object() || !j.contains("instances")) return int64_t{-1};
+    for (const json& i : j["instances"])
+      if (i["data_parallel"]["group"] == group && i["data_parallel"]["rank"] == 0)
+        return i["data_parallel"].value("group_failures", int64_t{-1});
+    return int64_t{-1};
+  };
+  bool saw_one = false, reformed = false;
+  for (int64_t until = monotonic_ms() + 30'000; monotonic_ms() < until && !reformed;) {
     auto h = cli.Get("/health");
     const json health = h ? json::parse(h->body, nullptr, false) : json();
     const int decodes = health.is_object() ? health.value("decode", -1) : -1;
@@ -386,11 +404,19 @@ TEST(PdClusterDataParallel, AKilledDecodeRankTakesItsGroupOutOfTheRouterUntilItR
       // Served meanwhile by the other group.
       EXPECT_EQ(texts(post(c.port, "/v1/completions", completion("while re-forming", 4))).size(), 1u);
     }
-    back_to_two = saw_one && decodes == 2;
+    reformed = decodes == 2 && health.value("decode_ranks", 0) == 4 && router_group_failures() >= 1;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_TRUE(saw_one) << "the router never saw the group out";
-  EXPECT_TRUE(back_to_two) << c.group->log();
+  c.group->drain();
+  // The router learned of the failure and has the group back. Whether a
+  // /health poll fell inside the outage depends on how fast the rank
+  // restarts (the front reports not ready from the moment its supervisor
+  // reaps the rank until the group re-forms); when one did, the other group
+  // served meanwhile (above).
+  EXPECT_TRUE(reformed) << "saw the group out: " << saw_one << "\n" << c.group->log();
+  EXPECT_NE(c.group->log().find("rank 1 (pid " + std::to_string(pid) + ") was killed by signal 9; restarting it"),
+            std::string::npos)
+      << c.group->log();
   EXPECT_EQ(texts(post(c.port, "/v1/completions", completion("after", 4))).size(), 1u);
   expect_drained(c.port);
 }

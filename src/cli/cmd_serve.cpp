@@ -203,7 +203,7 @@ void run_serve(ServeArgs& a) {
                                                   [&http] { return http.in_flight(); });
       http.set_dp_hook(front->hook());
     }
-    if (!dp_spawned && a.dp.local_count() > 1) supervisor = std::make_unique<RankSupervisor>(a.dp, dp->dir(), own_argv());
+    if (!dp_spawned && a.dp.local_count() > 1) supervisor = std::make_unique<RankSupervisor>(a.dp, dp->dir(), own_argv(), [&dp](int) { dp->peer_lost(); });
     dp->watch(engine);
   }
   engine.start();

@@ -102,6 +102,7 @@ LockstepHooks DataParallelRank::hooks(int expert_layers) {
   h.size = options_.size;
   config_.n_expert_layers = expert_layers;
   h.connect = [this]() -> std::unique_ptr<parallel::LockstepGroup> {
+    if (!stopping_.load()) abandon_group_ = false;
     const int g = std::max(dir_.generation(), next_generation_);
     dir_.set_rank_generation(rank_, g);
     GlooGroupOptions o;
@@ -111,7 +112,7 @@ LockstepHooks DataParallelRank::hooks(int expert_layers) {
     o.generation = "g" + std::to_string(g);
     o.bind_host = options_.host;
     o.timeout_ms = options_.timeout_ms;
-    o.interrupted = &interrupted_;
+    o.interrupted = &abandon_group_;
     o.shared_memory_frames = options_.local_count() == options_.size && options_.start_rank == 0;
     try {
       auto transport = std::make_unique<GlooTransport>(o);
@@ -127,7 +128,10 @@ LockstepHooks DataParallelRank::hooks(int expert_layers) {
       throw;
     }
   };
-  h.interrupt = [this] { interrupted_ = true; };
+  h.interrupt = [this] {
+    stopping_ = true;
+    abandon_group_ = true;
+  };
   h.on_connected = [this] {
     std::fprintf(stderr, "tandem: data-parallel rank %d of %d: group formed (generation %d)\n", rank_, options_.size,
                  current_generation_);
@@ -257,8 +261,9 @@ server::DpHook DataParallelFront::hook() {
 
 // ---------------------------------------------------------------- the supervisor
 
-RankSupervisor::RankSupervisor(const DataParallelOptions& options, const RendezvousDir& dir, std::vector<std::string> argv)
-    : options_(options), dir_(dir), argv_(std::move(argv)) {
+RankSupervisor::RankSupervisor(const DataParallelOptions& options, const RendezvousDir& dir, std::vector<std::string> argv,
+                               std::function<void(int)> on_lost)
+    : options_(options), dir_(dir), argv_(std::move(argv)), on_lost_(std::move(on_lost)) {
   for (int k = 1; k < options.local_count(); ++k) {
     const int rank = options.start_rank + k;
     children_[rank] = spawn(rank);
@@ -312,6 +317,7 @@ void RankSupervisor::monitor() {
                      static_cast<int>(pid), WEXITSTATUS(status));
       // Its group is gone: every rank re-forms under the next generation.
       dir_.raise_generation(dir_.rank_generation(rank) + 1);
+      if (on_lost_) on_lost_(rank);
       if (running_.load()) pid = spawn(rank);
     }
   }

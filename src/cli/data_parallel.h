@@ -70,6 +70,10 @@ class DataParallelRank {
   // Starts the thread that reports an op waited in past the soft deadline.
   void watch(const EngineCore& engine);
   const RendezvousDir& dir() const { return dir_; }
+  // A rank of this group is known gone (its supervisor reaped it): the group
+  // in use is abandoned at once (its waits give up) and re-forms, instead of
+  // waiting out a collective's timeout while it still reports itself ready.
+  void peer_lost() { abandon_group_ = true; }
 
  private:
   DataParallelOptions options_;
@@ -78,7 +82,10 @@ class DataParallelRank {
   RendezvousDir dir_;
   int next_generation_ = 0;
   int current_generation_ = 0;
-  std::atomic<bool> interrupted_{false};
+  // Raised to make the group's waits give up: by stop() for good (stopping_),
+  // by peer_lost() until the next connect.
+  std::atomic<bool> abandon_group_{false};
+  std::atomic<bool> stopping_{false};
   std::atomic<bool> watching_{false};
   std::thread watcher_;
 };
@@ -112,7 +119,9 @@ class DataParallelFront {
 // stopped with this process.
 class RankSupervisor {
  public:
-  RankSupervisor(const DataParallelOptions& options, const RendezvousDir& dir, std::vector<std::string> argv);
+  // on_lost(rank): a child died (reaped, the generation raised), before it is restarted.
+  RankSupervisor(const DataParallelOptions& options, const RendezvousDir& dir, std::vector<std::string> argv,
+                 std::function<void(int)> on_lost);
   ~RankSupervisor();
   // Started children so far (restarts included), for logs and tests.
   int64_t spawned() const { return spawned_.load(); }
@@ -124,6 +133,7 @@ class RankSupervisor {
   DataParallelOptions options_;
   const RendezvousDir& dir_;
   std::vector<std::string> argv_;
+  std::function<void(int)> on_lost_;
   std::mutex mu_;
   std::map<int, pid_t> children_;  // rank -> pid
   std::atomic<bool> running_{true};

@@ -311,6 +311,9 @@ void PdInstance::heartbeat_loop() {
                  {"draining", draining_.load()},
                  {"ready", ready},
                  {"registry_version", registry_version}};
+    // A group failure the beats' sampling of readiness may have missed (the
+    // group re-formed between two): the router's listing shows it.
+    if (options_.dp_size > 1) body["dp_group_failures"] = engine_.lockstep_status().group_failures;
     // The protocol's side, from one snapshot of the agent (omitted if it
     // does not answer in time; the router then keeps the last it had): the
     // blocks quarantined (credits), whom it fences (pairing), drops by reason

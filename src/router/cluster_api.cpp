@@ -85,7 +85,8 @@ json to_json(const InstanceInfo& i) {
           {"waiting", i.waiting},
           {"draining", i.draining},
           {"ready", i.ready},
-          {"data_parallel", {{"group", i.dp_group}, {"rank", i.dp_rank}, {"size", i.dp_size}}},
+          {"data_parallel",
+           {{"group", i.dp_group}, {"rank", i.dp_rank}, {"size", i.dp_size}, {"group_failures", i.dp_group_failures}}},
           {"fencing", fencing},
           {"in_flight", i.in_flight},
           {"requests", i.requests}};

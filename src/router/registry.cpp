@@ -62,6 +62,7 @@ bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& l
   i.waiting = load.waiting;
   i.draining = load.draining;
   i.ready = load.ready;
+  i.dp_group_failures = load.dp_group_failures;
   if (load.fencing) i.fencing = *load.fencing;
   if (load.drops) i.drops = *load.drops;
   if (load.transfers_by_state) i.transfers_by_state = *load.transfers_by_state;

@@ -50,6 +50,7 @@ struct InstanceInfo {
   std::string dp_group;
   int dp_rank = 0;
   int dp_size = 1;
+  int64_t dp_group_failures = 0;  // times this rank's group failed and re-formed (heartbeat)
   // Peer incarnations this instance is fencing (it holds them dead until the
   // fence completes, which on shared memory it may never): the router does
   // not pair it with them.
@@ -77,6 +78,7 @@ struct InstanceLoad {
   int64_t waiting = 0;
   bool draining = false;
   bool ready = true;
+  int64_t dp_group_failures = 0;
   // From the instance's transfer agent; absent (it did not answer in time):
   // keep the last.
   std::optional<int64_t> quarantined_blocks;

@@ -204,6 +204,8 @@ void RouterServer::install_routes() {
       load.waiting = j->value("waiting", int64_t{0});
       load.draining = j->value("draining", false);
       load.ready = j->value("ready", true);
+      if (auto g = j->find("dp_group_failures"); g != j->end() && g->is_number_unsigned())
+        load.dp_group_failures = g->get<int64_t>();
       auto fencing = j->find("fencing");
       if (fencing != j->end() && fencing->is_array() && fencing->size() <= 4096) {
         load.fencing.emplace();
