@@ -24,7 +24,9 @@ inline std::string tiny_model_path(const std::string& arch, kernels::DType dtype
   std::filesystem::create_directories(dir);
   const std::string path = (dir / ("tiny-" + key + ".gguf")).string();
   MakeModelOptions o;
-  o.preset = "tiny";
+  // K-quant rows are blocks of 256: the tiny preset's 64-wide rows would all
+  // fall back to q8_0.
+  o.preset = kernels::dtype_block_elements(dtype) == 256 ? "tiny-wide" : "tiny";
   o.arch = arch;
   o.dtype = dtype;
   o.seed = seed;

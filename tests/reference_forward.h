@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "gguf/dequantize.h"
 #include "gguf/gguf.h"
 #include "kernels/ops.h"
 #include "model/model_config.h"
@@ -25,11 +26,8 @@ inline std::vector<double> reference_forward(const gguf::File& f, const ModelCon
   using kernels::DType;
   auto tensor = [&](const std::string& name) {
     const gguf::TensorInfo& t = f.tensor(name);
-    const DType dt = t.type == gguf::TensorType::F32 ? DType::kF32 : t.type == gguf::TensorType::F16 ? DType::kF16
-                                                                 : t.type == gguf::TensorType::BF16 ? DType::kBF16
-                                                                                                    : DType::kQ8_0;
     std::vector<float> out(t.n_elements());
-    kernels::dequantize_row(dt, t.data, out.data(), static_cast<int64_t>(out.size()));
+    gguf::dequantize_row(t.type, t.data, out.data(), static_cast<int64_t>(out.size()));
     return Vec(out.begin(), out.end());
   };
   auto has = [&](const std::string& name) { return f.find_tensor(name) != nullptr; };

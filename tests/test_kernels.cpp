@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -12,6 +13,7 @@
 #include "kernels/attention.h"
 #include "kernels/isa.h"
 #include "kernels/isa_kernels.h"
+#include "kernels/k_quants.h"
 #include "kernels/kv_layout.h"
 #include "kernels/kv_write.h"
 #include "kernels/matmul.h"
@@ -21,6 +23,10 @@
 
 namespace tandem::kernels {
 namespace {
+
+constexpr DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K};
+
+bool is_k_quant(DType t) { return t == DType::kQ4_K || t == DType::kQ6_K; }
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
@@ -62,7 +68,7 @@ struct Problem {
       xb.resize(x.size());
       round_row_bf16(x.data(), xb.data(), x.data(), static_cast<int64_t>(x.size()));
     }
-    if (t == DType::kQ8_0) {
+    if (takes_q8_activations(t)) {
       xq.resize(static_cast<size_t>(n * c / 32));
       for (int64_t i = 0; i < n; ++i) quantize_row_q8_0(x.data() + i * c, xq.data() + i * (c / 32), c);
     }
@@ -123,9 +129,10 @@ TEST(Fp16, KnownConversions) {
 }
 
 TEST(Kernels, GemmMatchesScalarReferenceOnOddShapes) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
-    const bool q8 = t == DType::kQ8_0;
-    const std::vector<int64_t> cols = q8 ? std::vector<int64_t>{32, 96, 160} : std::vector<int64_t>{1, 7, 15, 16, 17, 64, 100};
+  for (DType t : kAllTypes) {
+    const std::vector<int64_t> cols = t == DType::kQ8_0   ? std::vector<int64_t>{32, 96, 160}
+                                      : is_k_quant(t)     ? std::vector<int64_t>{256, 768}
+                                                          : std::vector<int64_t>{1, 7, 15, 16, 17, 64, 100};
     for (int64_t c : cols) {
       for (int64_t r : {1, 3, 8, 13, 37}) {
         for (int64_t n : {1, 2, 6, 7, 10, 11}) {
@@ -162,23 +169,102 @@ TEST(Kernels, Q8_0ReferenceMatchesDequantizedProduct) {
     }
 }
 
+// K-quant blocks of random bytes (every bit pattern of the packed scales and
+// the high bits), their f16 scales set to finite values.
+void randomize_k_blocks(Problem& p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (uint8_t& b : p.w) b = static_cast<uint8_t>(rng());
+  const size_t block = p.type == DType::kQ4_K ? sizeof(BlockQ4_K) : sizeof(BlockQ6_K);
+  std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
+  for (size_t off = 0; off < p.w.size(); off += block) {
+    const uint16_t d = f32_to_f16(scale(rng)), dmin = f32_to_f16(scale(rng));
+    if (p.type == DType::kQ4_K) {
+      std::memcpy(p.w.data() + off + offsetof(BlockQ4_K, d), &d, 2);
+      std::memcpy(p.w.data() + off + offsetof(BlockQ4_K, dmin), &dmin, 2);
+    } else {
+      std::memcpy(p.w.data() + off + offsetof(BlockQ6_K, d), &d, 2);
+    }
+  }
+  const size_t rb = dtype_row_bytes(p.type, p.cols);
+  for (int64_t r = 0; r < p.rows; ++r)
+    dequantize_row(p.type, p.w.data() + static_cast<size_t>(r) * rb, p.w_deq.data() + r * p.cols, p.cols);
+}
+
+// The K-quant reference kernels equal the product of the weights as ggml
+// dequantizes them (gguf/dequantize, bit-identical to ggml) with the
+// quantized activations, up to float rounding; the AVX2 and AVX-512 variants
+// compute the same integers and the same float steps, so they agree
+// bitwise with each other.
+TEST(Kernels, KQuantKernelsMatchTheDequantizedProduct) {
+  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
+    for (bool random_bytes : {false, true}) {
+      Problem p(t, 13, 768, 5, 21);
+      if (random_bytes) randomize_k_blocks(p, 77);
+      std::vector<std::vector<float>> by_isa;
+      for (Isa isa : supported_isas()) {
+        const std::vector<float> y = p.run(isa);
+        for (int64_t tok = 0; tok < p.tokens; ++tok)
+          for (int64_t r = 0; r < p.rows; ++r) {
+            double exact = 0, magnitude = 0;
+            for (int64_t k = 0; k < p.cols; ++k) {
+              const BlockQ8_0Act& b = p.xq[static_cast<size_t>(tok * (p.cols / 32) + k / 32)];
+              const double term = static_cast<double>(p.w_deq[static_cast<size_t>(r * p.cols + k)]) * b.d * b.qs[k % 32];
+              exact += term;
+              magnitude += std::fabs(term);
+            }
+            ASSERT_NEAR(y[static_cast<size_t>(tok * p.rows + r)], exact, 1e-5 * magnitude + 1e-6)
+                << dtype_name(t) << " " << isa_name(isa) << (random_bytes ? " random blocks" : " quantized") << " token "
+                << tok << " row " << r;
+          }
+        if (isa != Isa::kScalar) by_isa.push_back(y);
+      }
+      for (size_t i = 1; i < by_isa.size(); ++i)
+        EXPECT_EQ(std::memcmp(by_isa[i].data(), by_isa[0].data(), by_isa[0].size() * 4), 0) << dtype_name(t);
+    }
+  }
+}
+
+// tandem's own quantizers: what a row dequantizes to is near the row, by a
+// bound on the RMS error relative to the row's RMS that the types' bits allow
+// (uniform values: q4_K's 16 levels give about 0.07, q6_K's 64 about 0.02).
+TEST(Kernels, KQuantQuantizersKeepTheRowsErrorSmall) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto [t, bound] : {std::pair{DType::kQ4_K, 0.09}, std::pair{DType::kQ6_K, 0.025}}) {
+    std::vector<float> x(4096), back(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i < 2048 ? 1.0f : 0.01f);  // two magnitudes
+    std::vector<uint8_t> q(dtype_row_bytes(t, 4096));
+    convert_row(x.data(), t, q.data(), 4096);
+    dequantize_row(t, q.data(), back.data(), 4096);
+    for (int half = 0; half < 2; ++half) {
+      double err = 0, ref = 0;
+      for (size_t i = 2048 * static_cast<size_t>(half); i < 2048 * static_cast<size_t>(half + 1); ++i) {
+        err += (back[i] - x[i]) * (back[i] - x[i]);
+        ref += x[i] * x[i];
+      }
+      EXPECT_LT(std::sqrt(err / ref), bound) << dtype_name(t) << " half " << half;
+    }
+  }
+}
+
 // The interleaved layouts (matmul.h) only move bytes. Chunk groups (q8_0)
 // give bitwise the products of plain rows in every variant. Panels (f32, f16,
 // bf16) do in the scalar reference, whose order is the same for every
 // layout, and agree within the rounding bound in the vector variants, whose
 // panel tiles reduce in one chain over k (or k pairs). Row ranges start or end inside a group.
 TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+  for (DType t : kAllTypes) {
     const InterleavedLayout layout = interleaved_layout(t);
-    const bool panel = t != DType::kQ8_0;
+    const bool panel = is_float_dtype(t);
     EXPECT_EQ(layout.group, panel ? kPanelRows : 8);
     for (int64_t rows : {16, 48}) {
       for (int64_t cols : {32, 96}) {
+        if (cols % dtype_block_elements(t) != 0) cols = dtype_block_elements(t) * (cols / 32);
         for (int64_t n : {1, 6, 11}) {
           const Problem p(t, rows, cols, n, static_cast<uint64_t>(rows * 100 + cols + n));
           const Problem inter = p.interleaved();
           EXPECT_EQ(inter.group, layout.group);
-          if (panel || cols > 32) {  // (a chunk group of one block per row: the same order)
+          if (panel || static_cast<int64_t>(dtype_row_bytes(t, cols)) > layout.chunk_bytes) {  // (one block per row: the same order)
             EXPECT_NE(inter.w, p.w);
           }
           for (Isa isa : supported_isas()) {
@@ -244,7 +330,7 @@ TEST(Kernels, PanelGemmMatchesScalarReferenceOnOddShapes) {
 
 TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
   for (Isa isa : supported_isas()) {
-    for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+    for (DType t : kAllTypes) {
       for (bool interleaved : {false, true}) {
         // 256 tokens: three token blocks in every plan (gemm_driver.h), so
         // tiles on both sides of a block boundary and short last tiles (the
@@ -252,7 +338,7 @@ TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
         // Interleaved: 96 rows, six panels of 16 (AVX-512: a 4-group and a
         // 2-group prompt tile; decode tiles of 4 groups in the last range)
         // or twelve chunk groups of 8.
-        const Problem plain(t, interleaved ? 96 : 45, 160, 256, 99);
+        const Problem plain(t, interleaved ? 96 : 45, is_k_quant(t) ? 512 : 160, 256, 99);
         const Problem p = interleaved ? plain.interleaved() : plain;
         const std::vector<float> all = p.run(isa);
         // Each token alone, each row range separately (cut inside groups).
@@ -261,7 +347,7 @@ TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
           single.tokens = 1;
           single.x.assign(p.x.begin() + tok * p.cols, p.x.begin() + (tok + 1) * p.cols);
           if (t == DType::kBF16) single.xb.assign(p.xb.begin() + tok * p.cols, p.xb.begin() + (tok + 1) * p.cols);
-          if (t == DType::kQ8_0) single.xq.assign(p.xq.begin() + tok * p.cols / 32, p.xq.begin() + (tok + 1) * p.cols / 32);
+          if (takes_q8_activations(t)) single.xq.assign(p.xq.begin() + tok * p.cols / 32, p.xq.begin() + (tok + 1) * p.cols / 32);
           std::vector<float> y(static_cast<size_t>(p.rows), NAN);
           const GemmArgs a = single.args(y.data());
           gemm_for(table(isa), t)(a, 0, 19);
@@ -281,10 +367,10 @@ TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
 // ranges, and an epilogue may already have changed the rows next to its own.
 // Panels compute whole groups of 16, so their stores are masked.
 TEST(Kernels, GemmWritesOnlyItsRowRange) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+  for (DType t : kAllTypes) {
     for (bool interleaved : {false, true}) {
       for (int64_t n : {1, 7}) {
-        const Problem plain(t, 64, 64, n, 5);
+        const Problem plain(t, 64, is_k_quant(t) ? 256 : 64, n, 5);
         const Problem p = interleaved ? plain.interleaved() : plain;
         for (Isa isa : supported_isas()) {
           std::vector<float> y(static_cast<size_t>(n * 64), -12345.0f);
@@ -328,9 +414,9 @@ TEST(Kernels, MatmulGroupSameForOneAndTwoThreads) {
 // give, bitwise, what one matmul per task gives, on 1 and 2 threads, with the
 // same_rows split and in the concatenated row space, for every weight type.
 TEST(Kernels, MatmulTasksEqualOneMatmulPerTask) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+  for (DType t : kAllTypes) {
     SCOPED_TRACE(dtype_name(t));
-    const int64_t cols = 64, rows = 48;
+    const int64_t cols = is_k_quant(t) ? 256 : 64, rows = 48;
     std::vector<Problem> experts;
     for (uint64_t e = 0; e < 4; ++e) experts.emplace_back(t, rows, cols, 1 + static_cast<int64_t>(e) * 3, 10 + e);
     std::vector<WeightMatrix> w;

@@ -121,7 +121,8 @@ TEST_P(ModelInvariance, PagedEqualsContiguous) {
 
 INSTANTIATE_TEST_SUITE_P(AllArchsAndTypes, ModelInvariance,
                          ::testing::Combine(::testing::Values("llama", "qwen2", "qwen3", "qwen3moe", "qwen3next"),
-                                            ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0)),
+                                            ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
+                                                              DType::kQ4_K, DType::kQ6_K)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + kernels::dtype_name(std::get<1>(info.param));
                          });
@@ -197,6 +198,35 @@ TEST(Model, MatchesNaiveDoublePrecisionReference) {
   }
 }
 
+// q4_K and q6_K models (tiny-wide: whole 256-element blocks) against the
+// double-precision reference on the weights as ggml dequantizes them. The
+// kernels multiply activations quantized to q8_0 blocks (llama.cpp's, q8_K
+// ones), whose rounding the reference does not have; q8_0 weights, which do
+// the same, are the yardstick. Measured (max error over the largest logit):
+// q8_0 1.0-1.1e-2, q4_K 1.0-1.4e-2, q6_K 1.0-1.1e-2 on llama, qwen3 and
+// qwen3moe; on qwen3next, whose delta rule carries the error across tokens,
+// 2.5e-2, 1.9e-2 and 3.9e-2. The kernels themselves are exact up to float
+// rounding (Kernels.KQuantKernelsMatchTheDequantizedProduct).
+TEST(Model, KQuantModelsMatchTheReferenceOnTheirDequantizedWeights) {
+  for (const std::string arch : {"llama", "qwen3", "qwen3moe", "qwen3next"}) {
+    for (DType dtype : {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+      Loaded l = load(arch, dtype);
+      EXPECT_EQ(l.model->weight_dtype(), dtype) << arch;
+      ThreadPool pool(2);
+      const std::vector<int32_t> toks = tokens(9, 8, l.model->config().n_vocab);
+      const std::vector<float> got = run_alone(*l.model, toks, {4, 5}, pool);
+      const std::vector<double> want = testing::reference_forward(*l.file, l.model->config(), toks);
+      double max_abs = 0, max_err = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        max_abs = std::max(max_abs, std::fabs(want[i]));
+        max_err = std::max(max_err, std::fabs(want[i] - got[i]));
+      }
+      const double bound = arch == "qwen3next" ? 6e-2 : 2.5e-2;
+      EXPECT_LT(max_err, bound * max_abs) << arch << " " << kernels::dtype_name(dtype);
+    }
+  }
+}
+
 // Interleaving the weights at load is a layout change only. In chunk groups
 // (q8_0) the logits are bitwise those of the plain file layout; f32, f16 and
 // bf16 panels reduce in one chain over k (or k pairs) in the vector kernels, so their logits
@@ -204,7 +234,7 @@ TEST(Model, MatchesNaiveDoublePrecisionReference) {
 // scalar reference). Either way the layout is fixed per matrix, so batch
 // invariance holds within it (the other model tests run interleaved).
 TEST(Model, InterleavedWeightsGiveThePlainLogits) {
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
     auto file = std::make_shared<const gguf::File>(gguf::File::open(testing::tiny_model_path("llama", dtype)));
     LoadOptions plain_options;
     plain_options.interleave_weights = false;
@@ -216,7 +246,7 @@ TEST(Model, InterleavedWeightsGiveThePlainLogits) {
     const std::vector<int32_t> toks = tokens(13, 3, plain->config().n_vocab);
     const std::vector<float> a = run_alone(*interleaved, toks, {13}, pool);
     const std::vector<float> b = run_alone(*plain, toks, {6, 7}, pool);
-    const bool panels = dtype != DType::kQ8_0;
+    const bool panels = kernels::is_float_dtype(dtype);
     if (!panels || kernels::active_isa() == kernels::Isa::kScalar) {
       EXPECT_TRUE(bitwise_equal(a.data(), b.data(), a.size())) << kernels::dtype_name(dtype);
       continue;
@@ -266,7 +296,7 @@ TEST(Model, RejectsUnsupportedTensorTypeNamingIt) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("blk.1.ffn_up.weight"), std::string::npos) << msg;
     EXPECT_NE(msg.find("q8_1"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("f32, f16, bf16, q8_0; converted to q8_0 at load: q4_0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("f32, f16, bf16, q8_0, q4_K, q6_K; converted to q8_0 at load: q4_0"), std::string::npos) << msg;
   }
 }
 
@@ -519,8 +549,8 @@ INSTANTIATE_TEST_SUITE_P(Archs, ModelConversion, ::testing::Values("llama", "qwe
 
 TEST(ModelConversionK, KQuantMatricesConvertRowByRowAndOnlyInsideALoad) {
   // A [256 x 3] matrix of each 256-element type.
-  for (gguf::TensorType type : {gguf::TensorType::Q2_K, gguf::TensorType::Q3_K, gguf::TensorType::Q4_K,
-                                gguf::TensorType::Q5_K, gguf::TensorType::Q6_K, gguf::TensorType::IQ4_XS}) {
+  for (gguf::TensorType type : {gguf::TensorType::Q2_K, gguf::TensorType::Q3_K, gguf::TensorType::Q5_K,
+                                gguf::TensorType::IQ4_XS}) {
     SCOPED_TRACE(gguf::type_name(type));
     const auto blocks = random_blocks(type, 3, static_cast<uint64_t>(type));
     gguf::Writer w;
@@ -539,6 +569,28 @@ TEST(ModelConversionK, KQuantMatricesConvertRowByRowAndOnlyInsideALoad) {
     EXPECT_EQ(std::memcmp(m.data, want.data(), want.size()), 0);
     EXPECT_EQ(into.bytes, want.size());
     EXPECT_NE(into.summary().find("1 tensors (" + gguf::type_name(type) + ": 1)"), std::string::npos) << into.summary();
+  }
+}
+
+// q4_K and q6_K have kernels: their matrices are views of the file's bytes,
+// inside a load as outside one, and nothing is converted.
+TEST(ModelConversionK, Q4_KAndQ6_KAreComputedAsStored) {
+  for (auto [type, dtype] :
+       {std::pair{gguf::TensorType::Q4_K, DType::kQ4_K}, std::pair{gguf::TensorType::Q6_K, DType::kQ6_K}}) {
+    SCOPED_TRACE(gguf::type_name(type));
+    const auto blocks = random_blocks(type, 3, static_cast<uint64_t>(type));
+    gguf::Writer w;
+    w.add_tensor("m", type, {256, 3}, blocks);
+    const gguf::File f = gguf::File::parse(w.to_bytes(), "k.gguf");
+    EXPECT_EQ(weight_matrix(f, "m", 256, 3).type, dtype);
+    ConvertedWeights into;
+    const WeightConversionScope scope(into);
+    const kernels::WeightMatrix m = weight_matrix(f, "m", 256, 3);
+    EXPECT_EQ(m.type, dtype);
+    EXPECT_EQ(m.data, f.tensor("m").data);
+    EXPECT_EQ(matrix_bytes(m), blocks.size());
+    EXPECT_EQ(into.bytes, 0u);
+    EXPECT_TRUE(into.summary().empty()) << into.summary();
   }
 }
 

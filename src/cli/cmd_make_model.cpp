@@ -17,7 +17,7 @@ void add_make_model(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("make-model", "Write a deterministic random-weight GGUF model");
   cmd->add_option("--preset", args->preset, "Model shape")->check(CLI::IsMember({"tiny", "small", "base"}));
   cmd->add_option("--arch", args->arch, "Architecture")->check(CLI::IsMember({"llama", "qwen2", "qwen3", "qwen3moe", "qwen3next"}));
-  cmd->add_option("--dtype", args->dtype, "Weight type")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+  cmd->add_option("--dtype", args->dtype, "Weight type")->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"}));
   cmd->add_option("--seed", args->seed, "Seed for the weights");
   cmd->add_option("-o,--output", args->out, "Output file")->required();
   cmd->callback([args] {

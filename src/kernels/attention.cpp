@@ -14,7 +14,7 @@ void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSeque
                      const PagedKvLayer& kv, int n_head, int n_head_kv, int head_dim, float scale, float* out,
                      int64_t ldo, ThreadPool& pool, int kv_head_begin, int kv_head_end) {
   TANDEM_ASSERT(n_head_kv > 0 && n_head % n_head_kv == 0);
-  TANDEM_ASSERT(kv.dtype != DType::kQ8_0, "the KV cache is f32, f16 or bf16");
+  TANDEM_ASSERT(is_float_dtype(kv.dtype), "the KV cache is f32, f16 or bf16");
   const AttentionTileFn tile_fn = active_kernels().attention_tile;
 
   // One work item per (tile of rows, KV head). Causal tiles differ in cost

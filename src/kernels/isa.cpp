@@ -74,6 +74,8 @@ GemmFn gemm_for(const IsaKernels& k, DType t) {
     case DType::kF16: return k.gemm_f16;
     case DType::kBF16: return k.gemm_bf16;
     case DType::kQ8_0: return k.gemm_q8_0;
+    case DType::kQ4_K: return k.gemm_q4_k;
+    case DType::kQ6_K: return k.gemm_q6_k;
   }
   return nullptr;
 }

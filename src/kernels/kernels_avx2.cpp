@@ -314,12 +314,24 @@ struct Vec {
 }  // namespace
 }  // namespace tandem::kernels
 
+#include "kernels/k_quant_tiles.h"
 #include "kernels/vector_algorithms.h"
 
 namespace tandem::kernels {
+namespace {
+
+// Eight int32 lanes of four u8 x s8 products each, as vpdpbusd's.
+struct DotLanes {
+  static __m256i lanes(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+  }
+};
+
+}  // namespace
 
 const IsaKernels kAvx2Kernels = {
-    gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, attention_tile_vec, silu_mul_vec, Vec::narrow, delta_rule_vec,
+    gemm_f32,           gemm_f16,  gemm_bf16,          gemm_q8_0,    gemm_q4_k<DotLanes>, gemm_q6_k,
+    attention_tile_vec, silu_mul_vec, Vec::narrow, delta_rule_vec,
 };
 
 }  // namespace tandem::kernels

@@ -537,12 +537,21 @@ struct Vec {
 }  // namespace
 }  // namespace tandem::kernels
 
+#include "kernels/k_quant_tiles.h"
 #include "kernels/vector_algorithms.h"
 
 namespace tandem::kernels {
+namespace {
+
+struct DotLanes {
+  static __m256i lanes(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+};
+
+}  // namespace
 
 const IsaKernels kAvx512Kernels = {
-    gemm_f32, gemm_f16, gemm_bf16, gemm_q8_0, attention_tile_vec, silu_mul_vec, Vec::narrow, delta_rule_vec,
+    gemm_f32,           gemm_f16,  gemm_bf16,          gemm_q8_0,    gemm_q4_k<DotLanes>, gemm_q6_k,
+    attention_tile_vec, silu_mul_vec, Vec::narrow, delta_rule_vec,
 };
 
 }  // namespace tandem::kernels

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/isa_kernels.h"
+#include "kernels/k_quants.h"
 #include "util/fp16.h"
 
 namespace tandem::kernels {
@@ -59,6 +60,63 @@ void gemm_q8_0(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   }
 }
 
+// K-quants (k_quants.h): per activation block of 32 an exact integer sum,
+// then its float terms, block after block.
+void gemm_q4_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t n_super = a.k / kSuperBlock;
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const BlockQ8_0Act* xb = a.xq + t * a.ldxq;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const uint8_t* row = gemm_row(a, r, kQ4KChunkBytes);
+      float acc = 0.0f;
+      for (int64_t s = 0; s < n_super; ++s) {
+        BlockQ4_K wb;
+        std::memcpy(&wb, row + s * kQ4KChunkBytes * a.w_group, sizeof wb);
+        uint8_t q[256];
+        q4_k_values(wb, q);
+        const float d = f16_to_f32(wb.d), dmin = f16_to_f32(wb.dmin);
+        for (int j = 0; j < 8; ++j) {
+          const BlockQ8_0Act& x = xb[s * 8 + j];
+          uint8_t sc, m;
+          q4_k_scale_min(wb.scales, j, &sc, &m);
+          int32_t dot = 0, xsum = 0;
+          for (int i = 0; i < 32; ++i) {
+            dot += q[32 * j + i] * x.qs[i];
+            xsum += x.qs[i];
+          }
+          acc += static_cast<float>(dot) * (d * sc * x.d) - dmin * m * (x.d * static_cast<float>(xsum));
+        }
+      }
+      a.y[t * a.ldy + r] = acc;
+    }
+  }
+}
+
+void gemm_q6_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t n_super = a.k / kSuperBlock;
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const BlockQ8_0Act* xb = a.xq + t * a.ldxq;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const uint8_t* row = gemm_row(a, r, kQ6KChunkBytes);
+      float acc = 0.0f;
+      for (int64_t s = 0; s < n_super; ++s) {
+        BlockQ6_K wb;
+        std::memcpy(&wb, row + s * kQ6KChunkBytes * a.w_group, sizeof wb);
+        uint8_t q[256];
+        q6_k_values(wb, q);
+        const float d = f16_to_f32(wb.d);
+        for (int j = 0; j < 8; ++j) {
+          const BlockQ8_0Act& x = xb[s * 8 + j];
+          int32_t dot = 0;
+          for (int i = 0; i < 32; ++i) dot += wb.scales[2 * j + i / 16] * (q[32 * j + i] - 32) * x.qs[i];
+          acc += static_cast<float>(dot) * (d * x.d);
+        }
+      }
+      a.y[t * a.ldy + r] = acc;
+    }
+  }
+}
+
 // The vector type of vector_algorithms.h: one float, std::exp.
 struct Vec {
   using V = float;
@@ -96,8 +154,8 @@ struct Vec {
 namespace tandem::kernels {
 
 const IsaKernels kScalarKernels = {
-    gemm_plain<load_f32, 4>, gemm_plain<load_f16, 2>, gemm_plain<load_bf16, 2>, gemm_q8_0, attention_tile_vec, silu_mul_vec,
-    Vec::narrow, delta_rule_vec,
+    gemm_plain<load_f32, 4>, gemm_plain<load_f16, 2>, gemm_plain<load_bf16, 2>, gemm_q8_0, gemm_q4_k, gemm_q6_k,
+    attention_tile_vec, silu_mul_vec, Vec::narrow, delta_rule_vec,
 };
 
 }  // namespace tandem::kernels

@@ -25,7 +25,7 @@ void scatter_k(const uint8_t* src, int head_begin, int head_end, const KvBlockSh
 
 void rope_write_k(float* k, int64_t ld, int64_t n_rows, int head_begin, int head_end, const KvBlockShape& shape,
                   const RopeParams& rope, const float* cos_t, const float* sin_t, const KvSlot* slots, DType dtype) {
-  TANDEM_ASSERT(dtype != DType::kQ8_0, "the KV cache is f32, f16 or bf16");
+  TANDEM_ASSERT(is_float_dtype(dtype), "the KV cache is f32, f16 or bf16");
   const NarrowFn narrow = active_kernels().narrow;
   const int64_t col = static_cast<int64_t>(head_begin) * shape.head_dim;
   const int64_t width = static_cast<int64_t>(head_end - head_begin) * shape.head_dim;
@@ -46,7 +46,7 @@ void rope_write_k(float* k, int64_t ld, int64_t n_rows, int head_begin, int head
 
 void write_v(const float* v, int64_t ld, int64_t n_rows, int head_begin, int head_end, const KvBlockShape& shape,
              const KvSlot* slots, DType dtype) {
-  TANDEM_ASSERT(dtype != DType::kQ8_0, "the KV cache is f32, f16 or bf16");
+  TANDEM_ASSERT(is_float_dtype(dtype), "the KV cache is f32, f16 or bf16");
   const NarrowFn narrow = active_kernels().narrow;
   const size_t elt = dtype_row_bytes(dtype, 1);
   for (int64_t t = 0; t < n_rows; ++t) {

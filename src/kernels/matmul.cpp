@@ -18,6 +18,8 @@ constexpr size_t kMaxOutputs = 8;
 
 InterleavedLayout interleaved_layout(DType t) {
   if (t == DType::kQ8_0) return {8, kQ8ChunkBytes};
+  if (t == DType::kQ4_K) return {8, kQ4KChunkBytes};
+  if (t == DType::kQ6_K) return {8, kQ6KChunkBytes};
   if (t == DType::kBF16) return {kPanelRows, 4};  // pairs, for vdpbf16ps
   return {kPanelRows, static_cast<int64_t>(dtype_row_bytes(t, 1))};
 }
@@ -63,8 +65,9 @@ WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst) {
   return out;
 }
 
-bool all_q8_0(std::span<const MatmulOutput> outputs) {
-  return std::all_of(outputs.begin(), outputs.end(), [](const MatmulOutput& o) { return o.w->type == DType::kQ8_0; });
+bool all_take_q8_activations(std::span<const MatmulOutput> outputs) {
+  return std::all_of(outputs.begin(), outputs.end(),
+                     [](const MatmulOutput& o) { return takes_q8_activations(o.w->type); });
 }
 
 namespace {
@@ -93,7 +96,7 @@ PreparedInput prepare_input(const MatmulInput& in, int64_t k, int64_t n_tokens, 
   const float* x = in.x;
   const int64_t ldx = in.ldx;
   if (any_q8 && p.xq == nullptr) {
-    TANDEM_ASSERT(k % 32 == 0, "q8_0 weights need a row length that is a multiple of 32");
+    TANDEM_ASSERT(k % 32 == 0, "quantized weights need a row length that is a multiple of 32");
     p.ldxq = k / 32;
     s.xq.resize(static_cast<size_t>(p.ldxq * n_tokens));
     BlockQ8_0Act* q = s.xq.data();
@@ -173,10 +176,10 @@ void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_
   bool any_q8 = false, any_bf16 = false;
   for (const auto& o : outputs) {
     TANDEM_ASSERT(o.w->cols == k, "a matmul group must share its input width");
-    any_q8 |= o.w->type == DType::kQ8_0;
+    any_q8 |= takes_q8_activations(o.w->type);
     any_bf16 |= o.w->type == DType::kBF16;
   }
-  TANDEM_ASSERT(in.x != nullptr || (in.xq != nullptr && all_q8_0(outputs)), "a matmul group needs its f32 input");
+  TANDEM_ASSERT(in.x != nullptr || (in.xq != nullptr && all_take_q8_activations(outputs)), "a matmul group needs its f32 input");
   thread_local InputScratch scratch;
   const PreparedInput p = prepare_input(in, k, n_tokens, any_q8, any_bf16, scratch, pool);
   GemmArgs args[kMaxOutputs];
@@ -206,7 +209,7 @@ void matmul_tasks(std::span<const MatmulTask> tasks, ThreadPool& pool, const Mat
     if (!shared) {
       bool any_q8 = false, any_bf16 = false;
       for (size_t j = i; j < tasks.size() && tasks[j].in.x == t.in.x && tasks[j].in.xq == t.in.xq; ++j) {
-        any_q8 |= tasks[j].out.w->type == DType::kQ8_0;
+        any_q8 |= takes_q8_activations(tasks[j].out.w->type);
         any_bf16 |= tasks[j].out.w->type == DType::kBF16;
       }
       TANDEM_ASSERT(t.in.x != nullptr || (t.in.xq != nullptr && !any_bf16), "a matmul task needs its f32 input");

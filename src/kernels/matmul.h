@@ -113,8 +113,9 @@ struct MatmulTask {
 void matmul_tasks(std::span<const MatmulTask> tasks, ThreadPool& pool, const MatmulSplit& split = {},
                   const MatmulEpilogue& epilogue = {});
 
-// Whether every matrix of the group is Q8_0 (so it can take MatmulInput::xq alone).
-bool all_q8_0(std::span<const MatmulOutput> outputs);
+// Whether every matrix of the group takes q8_0 activations (takes_q8_activations),
+// so that it can take MatmulInput::xq alone.
+bool all_take_q8_activations(std::span<const MatmulOutput> outputs);
 
 inline void matmul(const WeightMatrix& w, const float* x, int64_t ldx, int64_t n_tokens, float* y,
                    int64_t ldy, ThreadPool& pool) {

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "gguf/dequantize.h"
 #include "kernels/isa_kernels.h"
+#include "kernels/k_quants.h"
 #include "util/error.h"
 #include "util/fp16.h"
 
@@ -149,6 +151,8 @@ void dequantize_row(DType t, const uint8_t* row, float* out, int64_t n) {
       }
       return;
     }
+    case DType::kQ4_K: return gguf::dequantize_row(gguf::TensorType::Q4_K, row, out, n);
+    case DType::kQ6_K: return gguf::dequantize_row(gguf::TensorType::Q6_K, row, out, n);
   }
 }
 
@@ -168,6 +172,8 @@ void convert_row(const float* x, DType t, uint8_t* out, int64_t n) {
       }
       return;
     case DType::kQ8_0: quantize_row_q8_0_weights(x, out, n); return;
+    case DType::kQ4_K: quantize_row_q4_k(x, out, n); return;
+    case DType::kQ6_K: quantize_row_q6_k(x, out, n); return;
   }
 }
 

@@ -60,7 +60,7 @@ int64_t argmax(const float* x, int64_t n);
 
 // Converts one row of n elements of type t to f32.
 void dequantize_row(DType t, const uint8_t* row, float* out, int64_t n);
-// Converts f32 to t (f32, f16 or bf16; round to nearest even).
+// Converts f32 to t (floats: round to nearest even; quantized types: their quantizers).
 void convert_row(const float* x, DType t, uint8_t* out, int64_t n);
 // Quantizes f32 to q8_0 weight blocks (n a multiple of 32), as llama.cpp's reference does.
 void quantize_row_q8_0_weights(const float* x, uint8_t* out, int64_t n);

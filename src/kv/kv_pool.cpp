@@ -71,7 +71,7 @@ uint8_t* map_shared(size_t n, const KvPoolBacking& b) {
 }  // namespace
 
 KvPool::KvPool(const KvPoolShape& shape, const KvPoolBacking& backing) : shape_(shape) {
-  if (shape.dtype == kernels::DType::kQ8_0) throw Error("the KV cache dtype must be f32, f16 or bf16");
+  if (!kernels::is_float_dtype(shape.dtype)) throw Error("the KV cache dtype must be f32, f16 or bf16");
   if (shape.n_layers <= 0 || shape.n_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size <= 0 ||
       shape.n_blocks <= 0 || shape.n_state_slots < 0 || (shape.n_state_slots > 0 && shape.state_slot_bytes == 0))
     throw Error("KV pool shape must be positive in every dimension");

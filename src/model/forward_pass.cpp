@@ -13,7 +13,7 @@ constexpr int64_t kRowGrain = 16;
 kernels::MatmulInput ForwardPass::norm_rows(const float* weight, std::span<const kernels::MatmulOutput> group) {
   const int64_t E = c.n_embd;
   const float eps = c.rms_eps;
-  if (kernels::all_q8_0(group) && E % 32 == 0) {
+  if (kernels::all_take_q8_activations(group) && E % 32 == 0) {
     OpTimer timer(prof, Op::kNorm);
     // Fused: the normalised rows go straight into Q8_0 activation blocks.
     const int64_t ldq = E / 32;

@@ -20,6 +20,7 @@ using kernels::DType;
 const std::vector<ModelPreset>& presets() {
   static const std::vector<ModelPreset> kPresets = {
       {"tiny", 64, 2, 4, 2, 160, 1024, 512, false},
+      {"tiny-wide", 256, 2, 4, 2, 512, 1024, 512, false},
       {"small", 1024, 24, 16, 4, 2816, 32000, 4096, false},
       {"base", 896, 24, 14, 2, 4864, 151936, 32768, true},
   };
@@ -29,6 +30,7 @@ const std::vector<ModelPreset>& presets() {
 const std::vector<ModelPreset>& moe_presets() {
   static const std::vector<ModelPreset> kPresets = {
       {"tiny", 64, 2, 4, 2, 160, 1024, 512, false, 8, 2, 64},
+      {"tiny-wide", 256, 2, 4, 2, 512, 1024, 512, false, 8, 2, 256},
       {"small", 1024, 8, 16, 4, 2816, 32000, 4096, false, 16, 4, 384},
   };
   return kPresets;
@@ -49,6 +51,7 @@ const std::vector<ModelPreset>& hybrid_presets() {
   };
   static const std::vector<ModelPreset> kPresets = {
       preset("tiny", 64, 4, 4, 2, 16, 1024, 512, 8, 2, 64, 16, 2, 4),
+      preset("tiny-wide", 256, 4, 4, 2, 64, 1024, 512, 8, 2, 256, 16, 2, 4),
       preset("small", 1024, 8, 8, 2, 128, 32000, 4096, 16, 4, 384, 64, 4, 8),
   };
   return kPresets;
@@ -87,6 +90,8 @@ gguf::TensorType gguf_type(DType t) {
     case DType::kF16: return gguf::TensorType::F16;
     case DType::kBF16: return gguf::TensorType::BF16;
     case DType::kQ8_0: return gguf::TensorType::Q8_0;
+    case DType::kQ4_K: return gguf::TensorType::Q4_K;
+    case DType::kQ6_K: return gguf::TensorType::Q6_K;
   }
   return gguf::TensorType::F32;
 }
@@ -96,6 +101,8 @@ uint32_t file_type(DType t) {
     case DType::kF32: return 0;
     case DType::kF16: return 1;
     case DType::kQ8_0: return 7;
+    case DType::kQ4_K: return 15;  // MOSTLY_Q4_K_M: the closest ftype of a file all q4_K
+    case DType::kQ6_K: return 18;
     case DType::kBF16: return 32;
   }
   return 0;
@@ -111,7 +118,10 @@ class Builder {
   // quantizer leaves them).
   void matrix(const std::string& name, int64_t cols, int64_t rows, float std_dev, int64_t n_expert = 0,
               std::optional<DType> type = std::nullopt) {
-    const DType dtype = type.value_or(dtype_);
+    DType dtype = type.value_or(dtype_);
+    // Rows that are not whole 256-element blocks fall back to q8_0 (llama.cpp's
+    // quantizer falls back likewise), or to f16 when not whole 32-blocks either.
+    if (cols % kernels::dtype_block_elements(dtype) != 0) dtype = cols % 32 == 0 ? DType::kQ8_0 : DType::kF16;
     Rng rng{fnv1a(name, seed_)};
     const float amp = std_dev * std::sqrt(3.0f);
     std::vector<float> row(static_cast<size_t>(cols));

@@ -24,6 +24,8 @@ struct ModelPreset {
   int64_t ssm_d_conv = 0, ssm_d_state = 0, ssm_n_k_heads = 0, ssm_n_v_heads = 0, full_attention_interval = 0;
 };
 
+// Every architecture has tiny-wide: tiny with rows of 256 and more (n_embd
+// 256), which the 256-element K-quant blocks need (tests of q4_k, q6_k).
 // Dense architectures: tiny (tests, < 5 MB), small (~336M parameters), base
 // (Qwen2.5-0.5B shape). qwen3moe: tiny (8 experts, top 2) and small (16
 // experts, top 4, ~240M parameters of which ~90M active per token).

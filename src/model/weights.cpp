@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <initializer_list>
+#include <optional>
 
 #include "gguf/dequantize.h"
 #include "gguf/gguf.h"
@@ -18,23 +19,27 @@ using kernels::WeightMatrix;
 thread_local ConvertedWeights* t_conversion = nullptr;
 
 // Whether tensor t is read by converting it to q8_0 (a type with no kernels yet).
-bool converted(const gguf::TensorInfo& t) {
-  return gguf::can_dequantize(t.type) && t.type != gguf::TensorType::F32 && t.type != gguf::TensorType::F16 &&
-         t.type != gguf::TensorType::BF16 && t.type != gguf::TensorType::Q8_0;
-}
-
-DType compute_dtype(const gguf::File& f, const gguf::TensorInfo& t) {
-  switch (t.type) {
+// The file types computed as they are.
+std::optional<DType> native_dtype(gguf::TensorType t) {
+  switch (t) {
     case gguf::TensorType::F32: return DType::kF32;
     case gguf::TensorType::F16: return DType::kF16;
     case gguf::TensorType::BF16: return DType::kBF16;
     case gguf::TensorType::Q8_0: return DType::kQ8_0;
-    default: break;
+    case gguf::TensorType::Q4_K: return DType::kQ4_K;
+    case gguf::TensorType::Q6_K: return DType::kQ6_K;
+    default: return std::nullopt;
   }
+}
+
+bool converted(const gguf::TensorInfo& t) { return gguf::can_dequantize(t.type) && !native_dtype(t.type); }
+
+DType compute_dtype(const gguf::File& f, const gguf::TensorInfo& t) {
+  if (const auto native = native_dtype(t.type)) return *native;
   if (converted(t) && t_conversion != nullptr) return DType::kQ8_0;
   throw Error(f.path() + ": tensor '" + t.name + "' has type " + gguf::type_name(t.type) +
-              ", which tandem cannot compute with (supported: f32, f16, bf16, q8_0; converted to q8_0 at load: "
-              "q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs); re-quantize the model "
+              ", which tandem cannot compute with (supported: f32, f16, bf16, q8_0, q4_K, q6_K; converted to q8_0 "
+              "at load: q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q5_K, iq4_nl, iq4_xs); re-quantize the model "
               "to one of those");
 }
 
@@ -97,8 +102,8 @@ WeightMatrix matrix_view(const gguf::File& f, const gguf::TensorInfo& t, int64_t
                          const uint8_t* data) {
   WeightMatrix w;
   w.type = compute_dtype(f, t);
-  if (w.type == DType::kQ8_0 && cols % 32 != 0)
-    throw Error(f.path() + ": q8_0 tensor '" + t.name + "' has rows not made of whole blocks");
+  if (cols % kernels::dtype_block_elements(w.type) != 0)
+    throw Error(f.path() + ": " + kernels::dtype_name(w.type) + " tensor '" + t.name + "' has rows not made of whole blocks");
   if (converted(t)) {
     if (gguf::row_bytes(t.type, static_cast<uint64_t>(cols)) == 0)
       throw Error(f.path() + ": " + gguf::type_name(t.type) + " tensor '" + t.name + "' has rows not made of whole blocks");

@@ -1,0 +1,123 @@
+#include "kernels/k_quants.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "util/error.h"
+#include "util/fp16.h"
+
+namespace tandem::kernels {
+
+void q4_k_values(const BlockQ4_K& b, uint8_t* q) {
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      q[64 * c + l] = b.qs[32 * c + l] & 0x0F;
+      q[64 * c + 32 + l] = b.qs[32 * c + l] >> 4;
+    }
+}
+
+void q6_k_values(const BlockQ6_K& b, uint8_t* q) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = b.ql + 64 * h;
+    const uint8_t* qh = b.qh + 32 * h;
+    uint8_t* y = q + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      y[l] = static_cast<uint8_t>((ql[l] & 0x0F) | ((qh[l] & 3) << 4));
+      y[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
+      y[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      y[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+}
+
+namespace {
+
+int nearest(float v) { return static_cast<int>(std::lround(v)); }
+
+void quantize_block_q4_k(const float* x, BlockQ4_K& b) {
+  float scale[8], min[8];  // min >= 0: the value subtracted
+  for (int j = 0; j < 8; ++j) {
+    const float* s = x + 32 * j;
+    const float lo = std::min(0.0f, *std::min_element(s, s + 32));
+    const float hi = *std::max_element(s, s + 32);
+    scale[j] = (hi - lo) / 15.0f;
+    min[j] = -lo;
+  }
+  const float max_scale = *std::max_element(scale, scale + 8);
+  const float max_min = *std::max_element(min, min + 8);
+  const float d = max_scale / 63.0f, dmin = max_min / 63.0f;
+  b.d = f32_to_f16(d);
+  b.dmin = f32_to_f16(dmin);
+  const float dq = f16_to_f32(b.d), dminq = f16_to_f32(b.dmin);
+  uint8_t sc[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = static_cast<uint8_t>(dq > 0 ? std::clamp(nearest(scale[j] / dq), 0, 63) : 0);
+    mn[j] = static_cast<uint8_t>(dminq > 0 ? std::clamp(nearest(min[j] / dminq), 0, 63) : 0);
+  }
+  std::memset(b.scales, 0, sizeof b.scales);
+  for (int j = 0; j < 4; ++j) {
+    b.scales[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    b.scales[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
+    b.scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4));
+  }
+  uint8_t q[256];
+  for (int j = 0; j < 8; ++j) {
+    const float step = dq * sc[j], offset = dminq * mn[j];
+    for (int l = 0; l < 32; ++l)
+      q[32 * j + l] = static_cast<uint8_t>(step > 0 ? std::clamp(nearest((x[32 * j + l] + offset) / step), 0, 15) : 0);
+  }
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) b.qs[32 * c + l] = static_cast<uint8_t>(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+}
+
+void quantize_block_q6_k(const float* x, BlockQ6_K& b) {
+  // Per 16 values the signed value of largest magnitude maps to -32, so the
+  // range [-32, 31] is used asymmetrically the way llama.cpp's is.
+  float scale[16];
+  for (int j = 0; j < 16; ++j) {
+    float extreme = 0.0f;
+    for (int l = 0; l < 16; ++l)
+      if (std::fabs(x[16 * j + l]) > std::fabs(extreme)) extreme = x[16 * j + l];
+    scale[j] = extreme / -32.0f;
+  }
+  float extreme = 0.0f;
+  for (float s : scale)
+    if (std::fabs(s) > std::fabs(extreme)) extreme = s;
+  const float d = extreme / -128.0f;
+  b.d = f32_to_f16(d);
+  const float dq = f16_to_f32(b.d);
+  uint8_t q[256];
+  for (int j = 0; j < 16; ++j) {
+    b.scales[j] = static_cast<int8_t>(dq != 0 ? std::clamp(nearest(scale[j] / dq), -128, 127) : 0);
+    const float step = dq * b.scales[j];
+    for (int l = 0; l < 16; ++l)
+      q[16 * j + l] = static_cast<uint8_t>(step != 0 ? std::clamp(nearest(x[16 * j + l] / step), -32, 31) + 32 : 32);
+  }
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* y = q + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      b.ql[64 * h + l] = static_cast<uint8_t>((y[l] & 0x0F) | ((y[l + 64] & 0x0F) << 4));
+      b.ql[64 * h + l + 32] = static_cast<uint8_t>((y[l + 32] & 0x0F) | ((y[l + 96] & 0x0F) << 4));
+      b.qh[32 * h + l] =
+          static_cast<uint8_t>((y[l] >> 4) | ((y[l + 32] >> 4) << 2) | ((y[l + 64] >> 4) << 4) | ((y[l + 96] >> 4) << 6));
+    }
+  }
+}
+
+template <typename Block, void (*Quantize)(const float*, Block&)>
+void quantize_row(const float* x, uint8_t* out, int64_t n) {
+  TANDEM_ASSERT(n % kSuperBlock == 0, "K-quant rows hold whole blocks of 256");
+  for (int64_t i = 0; i < n / kSuperBlock; ++i) {
+    Block b;
+    Quantize(x + i * kSuperBlock, b);
+    std::memcpy(out + static_cast<size_t>(i) * sizeof(Block), &b, sizeof b);
+  }
+}
+
+}  // namespace
+
+void quantize_row_q4_k(const float* x, uint8_t* out, int64_t n) { quantize_row<BlockQ4_K, quantize_block_q4_k>(x, out, n); }
+void quantize_row_q6_k(const float* x, uint8_t* out, int64_t n) { quantize_row<BlockQ6_K, quantize_block_q6_k>(x, out, n); }
+
+}  // namespace tandem::kernels

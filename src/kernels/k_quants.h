@@ -1,0 +1,63 @@
+// GGUF's K-quant weight blocks that tandem computes with natively (q4_K and
+// q6_K: 256 elements per block), the unpacking every kernel variant shares,
+// and tandem's own quantizers for them (make-model, tests).
+//
+// Both types multiply activations quantized to q8_0 blocks of 32 (float
+// scale, BlockQ8_0Act), as q8_0 weights do: a q4_K sub-block of 32 is one
+// activation block, a q6_K block's 16 scales pair up over eight of them. The
+// product per activation block is an exact integer sum, so every variant
+// computes the same integers and differs only in its float steps.
+#pragma once
+
+#include <cstdint>
+
+namespace tandem::kernels {
+
+constexpr int64_t kSuperBlock = 256;
+
+// d * scale_j * q - dmin * min_j for the 32 elements of sub-block j, q in
+// [0, 15]: qs[32 c + l] holds element 64 c + l in its low nibble and element
+// 64 c + 32 + l in its high nibble; scales packs 8 6-bit scales and 8 6-bit
+// mins (scale_min below).
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ4_K) == 144);
+
+// d * scales[i / 16] * (q - 32), q in [0, 63]: the low 4 bits in ql, the high
+// 2 in qh (see q6_k_values for the element order).
+struct BlockQ6_K {
+  uint8_t ql[128];
+  uint8_t qh[64];
+  int8_t scales[16];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ6_K) == 210);
+
+// The 6-bit scale and min of q4_K sub-block j (0..7).
+inline void q4_k_scale_min(const uint8_t* scales, int j, uint8_t* scale, uint8_t* min) {
+  if (j < 4) {
+    *scale = scales[j] & 63;
+    *min = scales[j + 4] & 63;
+  } else {
+    *scale = static_cast<uint8_t>((scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4));
+    *min = static_cast<uint8_t>((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+  }
+}
+
+// The 256 values q of a q4_K block in element order.
+void q4_k_values(const BlockQ4_K& b, uint8_t* q);
+// The 256 values q (0..63, before the - 32) of a q6_K block in element order.
+void q6_k_values(const BlockQ6_K& b, uint8_t* q);
+
+// tandem's quantizers (n a multiple of 256): per sub-block the scale (and,
+// for q4_K, the min) that spans its values, then the block's scales quantized
+// against the largest. Not llama.cpp's search for the least squared error:
+// files tandem writes are valid GGUF of these types, a little less accurate.
+void quantize_row_q4_k(const float* x, uint8_t* out, int64_t n);
+void quantize_row_q6_k(const float* x, uint8_t* out, int64_t n);
+
+}  // namespace tandem::kernels
