@@ -170,6 +170,16 @@ TEST(Model, PrefillChunksMixWithDecodeTokensOfOtherSequences) {
   }
 }
 
+// The largest reference logit and the largest difference from it.
+std::pair<double, double> largest_and_worst(const std::vector<double>& want, const std::vector<float>& got) {
+  double max_abs = 0, max_err = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(want[i]));
+    max_err = std::max(max_err, std::fabs(want[i] - got[i]));
+  }
+  return {max_abs, max_err};
+}
+
 TEST(Model, MatchesNaiveDoublePrecisionReference) {
   for (const std::string arch : {"llama", "qwen2", "qwen3", "qwen3moe", "qwen3next"}) {
     for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -178,11 +188,7 @@ TEST(Model, MatchesNaiveDoublePrecisionReference) {
       const std::vector<int32_t> toks = tokens(9, 8, l.model->config().n_vocab);
       const std::vector<float> got = run_alone(*l.model, toks, {4, 5}, pool);
       const std::vector<double> want = testing::reference_forward(*l.file, l.model->config(), toks);
-      double max_abs = 0, max_err = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        max_abs = std::max(max_abs, std::fabs(want[i]));
-        max_err = std::max(max_err, std::fabs(want[i] - got[i]));
-      }
+      const auto [max_abs, max_err] = largest_and_worst(want, got);
       // Logits are O(10); f32 accumulation keeps them within 1e-3 relative.
       // bf16 weights multiply activations rounded to bf16 (relative error
       // 2^-9 per input, as llama.cpp does), which the reference does not.
@@ -216,11 +222,7 @@ TEST(Model, KQuantModelsMatchTheReferenceOnTheirDequantizedWeights) {
       const std::vector<int32_t> toks = tokens(9, 8, l.model->config().n_vocab);
       const std::vector<float> got = run_alone(*l.model, toks, {4, 5}, pool);
       const std::vector<double> want = testing::reference_forward(*l.file, l.model->config(), toks);
-      double max_abs = 0, max_err = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        max_abs = std::max(max_abs, std::fabs(want[i]));
-        max_err = std::max(max_err, std::fabs(want[i] - got[i]));
-      }
+      const auto [max_abs, max_err] = largest_and_worst(want, got);
       const double bound = arch == "qwen3next" ? 6e-2 : 2.5e-2;
       EXPECT_LT(max_err, bound * max_abs) << arch << " " << kernels::dtype_name(dtype);
     }
