@@ -18,7 +18,6 @@ using kernels::WeightMatrix;
 
 thread_local ConvertedWeights* t_conversion = nullptr;
 
-// Whether tensor t is read by converting it to q8_0 (a type with no kernels yet).
 // The file types computed as they are.
 std::optional<DType> native_dtype(gguf::TensorType t) {
   switch (t) {
@@ -32,6 +31,7 @@ std::optional<DType> native_dtype(gguf::TensorType t) {
   }
 }
 
+// Whether tensor t is read by converting it to q8_0 (a type with no kernels yet).
 bool converted(const gguf::TensorInfo& t) { return gguf::can_dequantize(t.type) && !native_dtype(t.type); }
 
 DType compute_dtype(const gguf::File& f, const gguf::TensorInfo& t) {
