@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -88,8 +89,14 @@ class ProcessGroup {
   explicit ProcessGroup(const std::string& command) {
     int fds[2];
     EXPECT_EQ(pipe(fds), 0);
+    const pid_t test = getpid();
     pid_ = fork();
     if (pid_ == 0) {
+      // Killed with the test process however it ends (a SIGKILL, a timeout's
+      // kill of the test binary), not only by this destructor; the command
+      // keeps this across its exec, and tandem's own children follow it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != test) _exit(1);
       setpgid(0, 0);
       dup2(fds[1], STDERR_FILENO);
       close(fds[0]);
