@@ -61,60 +61,50 @@ void gemm_q8_0(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
 }
 
 // K-quants (k_quants.h): per activation block of 32 an exact integer sum,
-// then its float terms, block after block.
-void gemm_q4_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+// then its float terms, block after block. BlockTerms(block, q, j, x) is the
+// contribution of activation block j of a weight block whose values are q.
+template <typename Block, int64_t kChunk, void (*Values)(const Block&, uint8_t*), typename BlockTerms>
+void gemm_k_quant(const GemmArgs& a, int64_t row_begin, int64_t row_end, BlockTerms terms) {
   const int64_t n_super = a.k / kSuperBlock;
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     const BlockQ8_0Act* xb = a.xq + t * a.ldxq;
     for (int64_t r = row_begin; r < row_end; ++r) {
-      const uint8_t* row = gemm_row(a, r, kQ4KChunkBytes);
+      const uint8_t* row = gemm_row(a, r, kChunk);
       float acc = 0.0f;
       for (int64_t s = 0; s < n_super; ++s) {
-        BlockQ4_K wb;
-        std::memcpy(&wb, row + s * kQ4KChunkBytes * a.w_group, sizeof wb);
+        Block wb;
+        std::memcpy(&wb, row + s * kChunk * a.w_group, sizeof wb);
         uint8_t q[256];
-        q4_k_values(wb, q);
-        const float d = f16_to_f32(wb.d), dmin = f16_to_f32(wb.dmin);
-        for (int j = 0; j < 8; ++j) {
-          const BlockQ8_0Act& x = xb[s * 8 + j];
-          uint8_t sc, m;
-          q4_k_scale_min(wb.scales, j, &sc, &m);
-          int32_t dot = 0, xsum = 0;
-          for (int i = 0; i < 32; ++i) {
-            dot += q[32 * j + i] * x.qs[i];
-            xsum += x.qs[i];
-          }
-          acc += static_cast<float>(dot) * (d * sc * x.d) - dmin * m * (x.d * static_cast<float>(xsum));
-        }
+        Values(wb, q);
+        for (int j = 0; j < 8; ++j) acc += terms(wb, q, j, xb[s * 8 + j]);
       }
       a.y[t * a.ldy + r] = acc;
     }
   }
 }
 
-void gemm_q6_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  const int64_t n_super = a.k / kSuperBlock;
-  for (int64_t t = 0; t < a.n_tokens; ++t) {
-    const BlockQ8_0Act* xb = a.xq + t * a.ldxq;
-    for (int64_t r = row_begin; r < row_end; ++r) {
-      const uint8_t* row = gemm_row(a, r, kQ6KChunkBytes);
-      float acc = 0.0f;
-      for (int64_t s = 0; s < n_super; ++s) {
-        BlockQ6_K wb;
-        std::memcpy(&wb, row + s * kQ6KChunkBytes * a.w_group, sizeof wb);
-        uint8_t q[256];
-        q6_k_values(wb, q);
-        const float d = f16_to_f32(wb.d);
-        for (int j = 0; j < 8; ++j) {
-          const BlockQ8_0Act& x = xb[s * 8 + j];
-          int32_t dot = 0;
-          for (int i = 0; i < 32; ++i) dot += wb.scales[2 * j + i / 16] * (q[32 * j + i] - 32) * x.qs[i];
-          acc += static_cast<float>(dot) * (d * x.d);
+void gemm_q4_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  gemm_k_quant<BlockQ4_K, kQ4KChunkBytes, q4_k_values>(
+      a, row_begin, row_end, [](const BlockQ4_K& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
+        uint8_t sc, m;
+        q4_k_scale_min(wb.scales, j, &sc, &m);
+        int32_t dot = 0, xsum = 0;
+        for (int i = 0; i < 32; ++i) {
+          dot += q[32 * j + i] * x.qs[i];
+          xsum += x.qs[i];
         }
-      }
-      a.y[t * a.ldy + r] = acc;
-    }
-  }
+        return static_cast<float>(dot) * (f16_to_f32(wb.d) * sc * x.d) -
+               f16_to_f32(wb.dmin) * m * (x.d * static_cast<float>(xsum));
+      });
+}
+
+void gemm_q6_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  gemm_k_quant<BlockQ6_K, kQ6KChunkBytes, q6_k_values>(
+      a, row_begin, row_end, [](const BlockQ6_K& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
+        int32_t dot = 0;
+        for (int i = 0; i < 32; ++i) dot += wb.scales[2 * j + i / 16] * (q[32 * j + i] - 32) * x.qs[i];
+        return static_cast<float>(dot) * (f16_to_f32(wb.d) * x.d);
+      });
 }
 
 // The vector type of vector_algorithms.h: one float, std::exp.
