@@ -24,9 +24,16 @@
 namespace tandem::kernels {
 namespace {
 
-constexpr DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K};
+constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_K,   DType::kQ6_K,
+                               DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL, DType::kQ5_K};
+static_assert(std::size(kAllTypes) == kDTypeCount);
 
-bool is_k_quant(DType t) { return t == DType::kQ4_K || t == DType::kQ6_K; }
+// The block types besides q8_0, whose kernels are checked against the product
+// of ggml's dequantization.
+constexpr DType kLowBitTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,   DType::kQ5_1,
+                                  DType::kIQ4_NL, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+bool is_k_quant(DType t) { return dtype_block_elements(t) == 256; }
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
@@ -130,7 +137,7 @@ TEST(Fp16, KnownConversions) {
 
 TEST(Kernels, GemmMatchesScalarReferenceOnOddShapes) {
   for (DType t : kAllTypes) {
-    const std::vector<int64_t> cols = t == DType::kQ8_0   ? std::vector<int64_t>{32, 96, 160}
+    const std::vector<int64_t> cols = dtype_block_elements(t) == 32 ? std::vector<int64_t>{32, 96, 160}
                                       : is_k_quant(t)     ? std::vector<int64_t>{256, 768}
                                                           : std::vector<int64_t>{1, 7, 15, 16, 17, 64, 100};
     for (int64_t c : cols) {
@@ -169,37 +176,38 @@ TEST(Kernels, Q8_0ReferenceMatchesDequantizedProduct) {
     }
 }
 
-// K-quant blocks of random bytes (every bit pattern of the packed scales and
-// the high bits), their f16 scales set to finite values.
-void randomize_k_blocks(Problem& p, uint32_t seed) {
+// Blocks of random bytes (every bit pattern of the packed scales, the high
+// bits and the nibbles), their f16 scales (and mins) set to finite values.
+void randomize_blocks(Problem& p, uint32_t seed) {
   std::mt19937 rng(seed);
   for (uint8_t& b : p.w) b = static_cast<uint8_t>(rng());
-  const size_t block = p.type == DType::kQ4_K ? sizeof(BlockQ4_K) : sizeof(BlockQ6_K);
+  const size_t block = dtype_block_bytes(p.type);
+  // Offsets of the f16 fields: d first (q6_K: last), then dmin or m.
+  std::vector<size_t> halves{0};
+  if (p.type == DType::kQ6_K) halves = {offsetof(BlockQ6_K, d)};
+  if (p.type == DType::kQ4_K || p.type == DType::kQ5_K || p.type == DType::kQ4_1 || p.type == DType::kQ5_1)
+    halves = {0, 2};
   std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
-  for (size_t off = 0; off < p.w.size(); off += block) {
-    const uint16_t d = f32_to_f16(scale(rng)), dmin = f32_to_f16(scale(rng));
-    if (p.type == DType::kQ4_K) {
-      std::memcpy(p.w.data() + off + offsetof(BlockQ4_K, d), &d, 2);
-      std::memcpy(p.w.data() + off + offsetof(BlockQ4_K, dmin), &dmin, 2);
-    } else {
-      std::memcpy(p.w.data() + off + offsetof(BlockQ6_K, d), &d, 2);
+  for (size_t off = 0; off < p.w.size(); off += block)
+    for (size_t h : halves) {
+      const uint16_t v = f32_to_f16(scale(rng));
+      std::memcpy(p.w.data() + off + h, &v, 2);
     }
-  }
   const size_t rb = dtype_row_bytes(p.type, p.cols);
   for (int64_t r = 0; r < p.rows; ++r)
     dequantize_row(p.type, p.w.data() + static_cast<size_t>(r) * rb, p.w_deq.data() + r * p.cols, p.cols);
 }
 
-// The K-quant reference kernels equal the product of the weights as ggml
-// dequantizes them (gguf/dequantize, bit-identical to ggml) with the
-// quantized activations, up to float rounding; the AVX2 and AVX-512 variants
-// compute the same integers and the same float steps, so they agree
-// bitwise with each other.
-TEST(Kernels, KQuantKernelsMatchTheDequantizedProduct) {
-  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
+// The kernels of the block types below 8 bits equal the product of the
+// weights as ggml dequantizes them (gguf/dequantize, bit-identical to ggml)
+// with the quantized activations, up to float rounding, in every variant;
+// the AVX2 and AVX-512 variants compute the same integers and the same float
+// steps, so they agree bitwise with each other.
+TEST(Kernels, LowBitKernelsMatchTheDequantizedProduct) {
+  for (DType t : kLowBitTypes) {
     for (bool random_bytes : {false, true}) {
       Problem p(t, 13, 768, 5, 21);
-      if (random_bytes) randomize_k_blocks(p, 77);
+      if (random_bytes) randomize_blocks(p, 77);
       std::vector<std::vector<float>> by_isa;
       for (Isa isa : supported_isas()) {
         const std::vector<float> y = p.run(isa);
@@ -226,11 +234,14 @@ TEST(Kernels, KQuantKernelsMatchTheDequantizedProduct) {
 
 // tandem's own quantizers: what a row dequantizes to is near the row, by a
 // bound on the RMS error relative to the row's RMS that the types' bits allow
-// (uniform values: q4_K's 16 levels give about 0.07, q6_K's 64 about 0.02).
-TEST(Kernels, KQuantQuantizersKeepTheRowsErrorSmall) {
+// (normal values; measured: q4_K 0.078, q5_K 0.038, q6_K 0.019, and with a
+// scale per 32: q4_0 0.085, q4_1 0.078, q5_0 0.043, q5_1 0.038, iq4_nl 0.080).
+TEST(Kernels, LowBitQuantizersKeepTheRowsErrorSmall) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto [t, bound] : {std::pair{DType::kQ4_K, 0.09}, std::pair{DType::kQ6_K, 0.025}}) {
+  for (auto [t, bound] : {std::pair{DType::kQ4_K, 0.09}, std::pair{DType::kQ5_K, 0.045}, std::pair{DType::kQ6_K, 0.025},
+                          std::pair{DType::kQ4_0, 0.11}, std::pair{DType::kQ4_1, 0.1}, std::pair{DType::kQ5_0, 0.055},
+                          std::pair{DType::kQ5_1, 0.05}, std::pair{DType::kIQ4_NL, 0.1}}) {
     std::vector<float> x(4096), back(x.size());
     for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i < 2048 ? 1.0f : 0.01f);  // two magnitudes
     std::vector<uint8_t> q(dtype_row_bytes(t, 4096));

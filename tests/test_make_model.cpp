@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <set>
 #include <string>
 
 #include <unistd.h>
@@ -59,6 +60,67 @@ TEST(MakeModel, TinyIsUnderFiveMegabytesInEveryDtypeAndLoads) {
       EXPECT_EQ(model->config().tied_embeddings, false);
     }
   }
+}
+
+// The mixes choose each tensor's type as llama.cpp's quantizer does for its
+// Q4_K_M and Q5_K_M files: the output matrix q6_K; attn_v and ffn_down q6_K
+// in the layers of use_more_bits (for 24 layers: 0-2, 5, 8, ..., 20, 21-23,
+// the pattern of llama.cpp's 24-layer Q4_K_M files); an 8-expert model's
+// attn_k and attn_v q8_0 and (q4_k_m) attn_output q5_K; rows that are not
+// whole 256-blocks fall back to q5_0 (from q4_K), q5_1 (q5_K) and q8_0 (q6_K).
+TEST(MakeModel, MixesChooseLlamaCppsPerTensorTypes) {
+  using gguf::TensorType;
+  const std::set<int> more_bits = {0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23};
+  struct Case {
+    std::string preset, arch, mix;
+    TensorType base, more, output;
+  };
+  for (const Case& c : {Case{"tiny-wide", "llama", "q4_k_m", TensorType::Q4_K, TensorType::Q6_K, TensorType::Q6_K},
+                        Case{"tiny-wide", "qwen2", "q5_k_m", TensorType::Q5_K, TensorType::Q6_K, TensorType::Q6_K},
+                        Case{"tiny", "llama", "q4_k_m", TensorType::Q5_0, TensorType::Q8_0, TensorType::Q8_0},
+                        Case{"tiny", "qwen3", "q5_k_m", TensorType::Q5_1, TensorType::Q8_0, TensorType::Q8_0}}) {
+    SCOPED_TRACE(c.preset + " " + c.arch + " " + c.mix);
+    MakeModelOptions o;
+    o.preset = c.preset;
+    o.arch = c.arch;
+    o.n_layer = 24;
+    set_weight_type(c.mix, &o);
+    const std::string path = temp_path("mix.gguf");
+    make_model(o, path);
+    const gguf::File f = gguf::File::open(path);
+    EXPECT_EQ(f.get_u64_or("general.file_type", 0), c.mix == "q4_k_m" ? 15u : 17u);
+    EXPECT_EQ(f.tensor("output.weight").type, c.output);
+    EXPECT_EQ(f.tensor("token_embd.weight").type, c.base);
+    for (int l = 0; l < 24; ++l) {
+      const std::string pre = "blk." + std::to_string(l) + ".";
+      const TensorType want = more_bits.count(l) ? c.more : c.base;
+      EXPECT_EQ(f.tensor(pre + "attn_v.weight").type, want) << l;
+      EXPECT_EQ(f.tensor(pre + "ffn_down.weight").type, want) << l;
+      for (const char* name : {"attn_q.weight", "attn_k.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight"})
+        EXPECT_EQ(f.tensor(pre + name).type, c.base) << pre << name;
+    }
+    EXPECT_NO_THROW(Model::load(std::make_shared<const gguf::File>(gguf::File::open(path))));
+    std::filesystem::remove(path);
+  }
+  // 8 experts (qwen3moe tiny-wide), 2 layers: use_more_bits picks layer 1 of 2.
+  MakeModelOptions o;
+  o.preset = "tiny-wide";
+  o.arch = "qwen3moe";
+  set_weight_type("q4_k_m", &o);
+  const std::string path = temp_path("mix-moe.gguf");
+  make_model(o, path);
+  const gguf::File f = gguf::File::open(path);
+  for (int l = 0; l < 2; ++l) {
+    const std::string pre = "blk." + std::to_string(l) + ".";
+    EXPECT_EQ(f.tensor(pre + "attn_v.weight").type, TensorType::Q8_0);
+    EXPECT_EQ(f.tensor(pre + "attn_k.weight").type, TensorType::Q8_0);
+    EXPECT_EQ(f.tensor(pre + "attn_output.weight").type, TensorType::Q5_K);
+    EXPECT_EQ(f.tensor(pre + "attn_q.weight").type, TensorType::Q4_K);
+    EXPECT_EQ(f.tensor(pre + "ffn_gate_inp.weight").type, TensorType::F32);
+    EXPECT_EQ(f.tensor(pre + "ffn_down_exps.weight").type, l == 1 ? TensorType::Q6_K : TensorType::Q4_K);
+  }
+  std::filesystem::remove(path);
+  EXPECT_THROW(set_weight_type("q3_k_m", &o), Error);
 }
 
 TEST(MakeModel, PresetsHaveTheDocumentedShapes) {

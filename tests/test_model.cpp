@@ -127,6 +127,16 @@ INSTANTIATE_TEST_SUITE_P(AllArchsAndTypes, ModelInvariance,
                            return std::get<0>(info.param) + "_" + kernels::dtype_name(std::get<1>(info.param));
                          });
 
+// The other block types on a dense and a MoE architecture (their kernels'
+// batch invariance is also checked per kernel in test_kernels).
+INSTANTIATE_TEST_SUITE_P(LowBitTypes, ModelInvariance,
+                         ::testing::Combine(::testing::Values("llama", "qwen3moe"),
+                                            ::testing::Values(DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                                                              DType::kIQ4_NL, DType::kQ5_K)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + kernels::dtype_name(std::get<1>(info.param));
+                         });
+
 TEST(Model, EveryKvDtypeIsChunkInvariantAndCloseToF32) {
   Loaded l = load("llama", DType::kF32);
   ThreadPool pool(2);
@@ -204,18 +214,22 @@ TEST(Model, MatchesNaiveDoublePrecisionReference) {
   }
 }
 
-// q4_K and q6_K models (tiny-wide: whole 256-element blocks) against the
-// double-precision reference on the weights as ggml dequantizes them. The
-// kernels multiply activations quantized to q8_0 blocks (llama.cpp's, q8_K
-// ones), whose rounding the reference does not have; q8_0 weights, which do
-// the same, are the yardstick. Measured (max error over the largest logit):
-// q8_0 1.0-1.1e-2, q4_K 1.0-1.4e-2, q6_K 1.0-1.1e-2 on llama, qwen3 and
-// qwen3moe; on qwen3next, whose delta rule carries the error across tokens,
-// 2.5e-2, 1.9e-2 and 3.9e-2. The kernels themselves are exact up to float
-// rounding (Kernels.KQuantKernelsMatchTheDequantizedProduct).
-TEST(Model, KQuantModelsMatchTheReferenceOnTheirDequantizedWeights) {
+// Models of the block types below 8 bits (K types: tiny-wide, whole
+// 256-element blocks) against the double-precision reference on the weights
+// as ggml dequantizes them. The kernels multiply activations quantized to
+// q8_0 blocks (llama.cpp's: q8_K or q8_0 ones), whose rounding the reference
+// does not have; q8_0 weights, which do the same, are the yardstick.
+// Measured (max error over the largest logit) on llama, qwen3 and qwen3moe:
+// q8_0 1.0-1.1e-2, every other type 0.7-1.7e-2 (q4_1 on qwen3moe the
+// largest). qwen3next's delta rule carries the activations' rounding across
+// tokens, so there the error depends more on the weights than on their
+// type: 1.5e-2 to 9.4e-2 for these files, and for q8_0 itself 2.5e-2 to
+// 8.3e-2 over seeds 0-3 (q5_1: up to 1.4e-1). The kernels themselves are
+// exact up to float rounding (Kernels.LowBitKernelsMatchTheDequantizedProduct).
+TEST(Model, LowBitModelsMatchTheReferenceOnTheirDequantizedWeights) {
   for (const std::string arch : {"llama", "qwen3", "qwen3moe", "qwen3next"}) {
-    for (DType dtype : {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    for (DType dtype : {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                        DType::kIQ4_NL, DType::kQ5_K}) {
       Loaded l = load(arch, dtype);
       EXPECT_EQ(l.model->weight_dtype(), dtype) << arch;
       ThreadPool pool(2);
@@ -223,7 +237,7 @@ TEST(Model, KQuantModelsMatchTheReferenceOnTheirDequantizedWeights) {
       const std::vector<float> got = run_alone(*l.model, toks, {4, 5}, pool);
       const std::vector<double> want = testing::reference_forward(*l.file, l.model->config(), toks);
       const auto [max_abs, max_err] = largest_and_worst(want, got);
-      const double bound = arch == "qwen3next" ? 6e-2 : 2.5e-2;
+      const double bound = arch == "qwen3next" ? 1.5e-1 : 2.5e-2;
       EXPECT_LT(max_err, bound * max_abs) << arch << " " << kernels::dtype_name(dtype);
     }
   }
@@ -236,7 +250,8 @@ TEST(Model, KQuantModelsMatchTheReferenceOnTheirDequantizedWeights) {
 // scalar reference). Either way the layout is fixed per matrix, so batch
 // invariance holds within it (the other model tests run interleaved).
 TEST(Model, InterleavedWeightsGiveThePlainLogits) {
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (int i = 0; i < kernels::kDTypeCount; ++i) {
+    const auto dtype = static_cast<DType>(i);
     auto file = std::make_shared<const gguf::File>(gguf::File::open(testing::tiny_model_path("llama", dtype)));
     LoadOptions plain_options;
     plain_options.interleave_weights = false;
@@ -298,7 +313,10 @@ TEST(Model, RejectsUnsupportedTensorTypeNamingIt) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("blk.1.ffn_up.weight"), std::string::npos) << msg;
     EXPECT_NE(msg.find("q8_1"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("f32, f16, bf16, q8_0, q4_K, q6_K; converted to q8_0 at load: q4_0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("f32, f16, bf16, q8_0, q4_K, q6_K, q4_0, q4_1, q5_0, q5_1, iq4_nl, q5_K; converted to q8_0 at "
+                       "load: q2_K, q3_K, iq4_xs)"),
+              std::string::npos)
+        << msg;
   }
 }
 
@@ -505,13 +523,12 @@ std::vector<uint8_t> as_q8_0(gguf::TensorType type, const std::vector<uint8_t>& 
 class ModelConversion : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelConversion, QuantTypesWithoutKernelsComputeAsTheirQ8_0Conversion) {
-  // The tiny model with its layers' matrices (the 3-D expert tensors of
-  // qwen3moe too) in the 32-element quant types (random blocks), and the
-  // same model with those matrices given as the q8_0 bytes the conversion
-  // must make: their logits are bitwise equal.
-  const gguf::File src = gguf::File::open(testing::tiny_model_path(GetParam(), DType::kF32));
-  const gguf::TensorType types[] = {gguf::TensorType::Q4_0, gguf::TensorType::Q4_1, gguf::TensorType::Q5_0,
-                                    gguf::TensorType::Q5_1, gguf::TensorType::IQ4_NL};
+  // The tiny-wide model (rows of whole 256-blocks) with its layers' matrices
+  // (the 3-D expert tensors of qwen3moe too) in the quant types without
+  // kernels (random blocks), and the same model with those matrices given as
+  // the q8_0 bytes the conversion must make: their logits are bitwise equal.
+  const gguf::File src = gguf::File::open(testing::tiny_model_path(GetParam(), DType::kQ4_K));
+  const gguf::TensorType types[] = {gguf::TensorType::Q2_K, gguf::TensorType::Q3_K, gguf::TensorType::IQ4_XS};
   gguf::Writer quant, q8;
   for (const auto& kv : src.metadata())
     if (kv.key != "general.alignment") quant.set(kv.key, kv.value), q8.set(kv.key, kv.value);
@@ -520,7 +537,7 @@ TEST_P(ModelConversion, QuantTypesWithoutKernelsComputeAsTheirQ8_0Conversion) {
     const bool router = t.name.find("ffn_gate_inp") != std::string::npos;  // kept f32, as llama.cpp does
     if (t.dims.size() >= 2 && t.name.rfind("blk.", 0) == 0 && !router) {
       const gguf::TensorType type = types[i % std::size(types)];
-      const auto blocks = random_blocks(type, t.n_elements() / 32, ++i);
+      const auto blocks = random_blocks(type, t.n_elements() / 256, ++i);
       const auto cols = static_cast<int64_t>(t.dims[0]);
       const auto rows = static_cast<int64_t>(t.n_elements() / t.dims[0]);  // every expert's rows, in order
       q8.add_tensor(t.name, gguf::TensorType::Q8_0, t.dims, as_q8_0(type, blocks, cols, rows));
@@ -536,8 +553,8 @@ TEST_P(ModelConversion, QuantTypesWithoutKernelsComputeAsTheirQ8_0Conversion) {
   auto b = Model::load(std::make_shared<const gguf::File>(gguf::File::parse(q8.to_bytes(), "q8.gguf")));
   EXPECT_EQ(a->weight_dtype(), DType::kQ8_0);
   const std::string summary = a->converted_weights().summary();
-  EXPECT_NE(summary.find(std::to_string(i) + " tensors (iq4_nl: "), std::string::npos) << summary;
-  EXPECT_NE(summary.find("q5_1: "), std::string::npos) << summary;
+  EXPECT_NE(summary.find(std::to_string(i) + " tensors (iq4_xs: "), std::string::npos) << summary;
+  EXPECT_NE(summary.find("q3_K: "), std::string::npos) << summary;
   EXPECT_TRUE(b->converted_weights().summary().empty());
   ThreadPool pool(2);
   const auto toks = tokens(9, 1, a->config().n_vocab);
@@ -551,8 +568,7 @@ INSTANTIATE_TEST_SUITE_P(Archs, ModelConversion, ::testing::Values("llama", "qwe
 
 TEST(ModelConversionK, KQuantMatricesConvertRowByRowAndOnlyInsideALoad) {
   // A [256 x 3] matrix of each 256-element type.
-  for (gguf::TensorType type : {gguf::TensorType::Q2_K, gguf::TensorType::Q3_K, gguf::TensorType::Q5_K,
-                                gguf::TensorType::IQ4_XS}) {
+  for (gguf::TensorType type : {gguf::TensorType::Q2_K, gguf::TensorType::Q3_K, gguf::TensorType::IQ4_XS}) {
     SCOPED_TRACE(gguf::type_name(type));
     const auto blocks = random_blocks(type, 3, static_cast<uint64_t>(type));
     gguf::Writer w;
@@ -574,13 +590,14 @@ TEST(ModelConversionK, KQuantMatricesConvertRowByRowAndOnlyInsideALoad) {
   }
 }
 
-// q4_K and q6_K have kernels: their matrices are views of the file's bytes,
+// The types with kernels: their matrices are views of the file's bytes,
 // inside a load as outside one, and nothing is converted.
-TEST(ModelConversionK, Q4_KAndQ6_KAreComputedAsStored) {
-  for (auto [type, dtype] :
-       {std::pair{gguf::TensorType::Q4_K, DType::kQ4_K}, std::pair{gguf::TensorType::Q6_K, DType::kQ6_K}}) {
+TEST(ModelConversionK, TypesWithKernelsAreComputedAsStored) {
+  for (int i = 0; i < kernels::kDTypeCount; ++i) {
+    const auto dtype = static_cast<DType>(i);
+    const gguf::TensorType type = kernels::gguf_tensor_type(dtype);
     SCOPED_TRACE(gguf::type_name(type));
-    const auto blocks = random_blocks(type, 3, static_cast<uint64_t>(type));
+    const auto blocks = random_blocks(type, 768 / gguf::type_block_elements(type), static_cast<uint64_t>(type));
     gguf::Writer w;
     w.add_tensor("m", type, {256, 3}, blocks);
     const gguf::File f = gguf::File::parse(w.to_bytes(), "k.gguf");

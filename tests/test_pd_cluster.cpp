@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <mutex>
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -502,36 +503,69 @@ uint32_t epoch_of(int router_port, const std::string& role) {
 // kill -9 of the decode mid-stream: the client's stream ends with an error
 // within the lease bound (never a hang); the supervisor restarts the decode
 // in a new epoch, the prefill declares the old one dead, new requests succeed.
+//
+// "Mid-stream" is made certain rather than likely: the tiny model can stream
+// all its tokens between the client's first chunk and a kill, so the client
+// freezes the decode (SIGSTOP) on its first chunk, and the kill comes only
+// once the frozen stream is seen unfinished; a stream that had already ended
+// resumes the decode and is tried again.
 TEST(PdClusterFailures, KillingTheDecodeMidStreamEndsTheStreamWithAnError) {
   Cluster c(1, 1, "write");
   ASSERT_TRUE(c.ready()) << c.group->log();
+  const pid_t decode = c.pids.at("decode 0");
   uint32_t old_epoch = epoch_of(c.port, "decode");
-  std::atomic<bool> first{false};
+  std::mutex mu;
   std::string raw;
-  int64_t ended_ms = 0;
-  std::thread client([&] {
-    httplib::Client cli("127.0.0.1", c.port);
-    cli.set_read_timeout(60, 0);
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = json{{"prompt", "a long one"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true}}.dump();
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-      raw.append(d, n);
-      if (raw.find("data: {") != std::string::npos) first = true;
-      return true;
-    };
-    httplib::Response res;
-    httplib::Error err;
-    cli.send(req, res, err);
-    ended_ms = monotonic_ms();
-  });
-  for (int i = 0; i < 4000 && !first; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_TRUE(first.load());
-  int64_t killed_ms = monotonic_ms();
-  ASSERT_EQ(kill(c.pids.at("decode 0"), SIGKILL), 0);
-  client.join();
+  auto finished = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return raw.find("[DONE]") != std::string::npos;
+  };
+  int64_t ended_ms = 0, killed_ms = 0;
+  bool killed = false;
+  for (int attempt = 0; attempt < 5 && !killed; ++attempt) {
+    raw.clear();
+    std::atomic<bool> stopped{false};
+    std::thread client([&] {
+      httplib::Client cli("127.0.0.1", c.port);
+      cli.set_read_timeout(60, 0);
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.body = json{{"prompt", "a long one"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true}}.dump();
+      req.set_header("Content-Type", "application/json");
+      req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+        std::lock_guard<std::mutex> lock(mu);
+        raw.append(d, n);
+        if (!stopped && raw.find("data: {") != std::string::npos) {
+          ::kill(decode, SIGSTOP);
+          stopped = true;
+        }
+        return true;
+      };
+      httplib::Response res;
+      httplib::Error err;
+      cli.send(req, res, err);
+      ended_ms = monotonic_ms();
+    });
+    for (int i = 0; i < 4000 && !stopped; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!stopped) {
+      client.join();
+      FAIL() << "no token in 20 s: " << raw << c.group->log();
+    }
+    // Let what the decode sent before it froze reach the client (well within
+    // the 3 s lease, after which the router would end the stream itself).
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (finished()) {
+      ASSERT_EQ(::kill(decode, SIGCONT), 0);
+      client.join();
+      continue;
+    }
+    killed_ms = monotonic_ms();
+    ASSERT_EQ(::kill(decode, SIGKILL), 0);
+    killed = true;
+    client.join();
+  }
+  ASSERT_TRUE(killed) << "every stream ended before its decode froze";
   // Bounded, not fast: a generous multiple of the 3 s lease (this is no timing test).
   EXPECT_LT(ended_ms - killed_ms, 10'000) << "the client waited past the lease bound";
   EXPECT_NE(raw.find("\"error\""), std::string::npos) << raw.substr(raw.size() > 400 ? raw.size() - 400 : 0);

@@ -1,57 +1,69 @@
 #include "kernels/dtype.h"
 
+#include "gguf/gguf.h"
 #include "util/error.h"
 
 namespace tandem::kernels {
 
-std::string dtype_name(DType t) {
-  switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kQ8_0: return "q8_0";
-    case DType::kQ4_K: return "q4_k";
-    case DType::kQ6_K: return "q6_k";
-  }
-  return "?";
-}
+namespace {
 
-int64_t dtype_block_elements(DType t) {
-  switch (t) {
-    case DType::kQ8_0: return 32;
-    case DType::kQ4_K:
-    case DType::kQ6_K: return 256;
-    default: return 1;
-  }
-}
+using gguf::TensorType;
+
+struct DTypeTraits {
+  const char* name;
+  int64_t block_elements;
+  size_t block_bytes;
+  TensorType gguf;
+};
+
+// Indexed by DType; the block layouts are GGUF's (gguf_types.cpp).
+constexpr DTypeTraits kTraits[kDTypeCount] = {
+    {"f32", 1, 4, TensorType::F32},         {"f16", 1, 2, TensorType::F16},
+    {"bf16", 1, 2, TensorType::BF16},       {"q8_0", 32, 34, TensorType::Q8_0},
+    {"q4_k", 256, 144, TensorType::Q4_K},   {"q6_k", 256, 210, TensorType::Q6_K},
+    {"q4_0", 32, 18, TensorType::Q4_0},     {"q4_1", 32, 20, TensorType::Q4_1},
+    {"q5_0", 32, 22, TensorType::Q5_0},     {"q5_1", 32, 24, TensorType::Q5_1},
+    {"iq4_nl", 32, 18, TensorType::IQ4_NL}, {"q5_k", 256, 176, TensorType::Q5_K},
+};
+
+const DTypeTraits& traits(DType t) { return kTraits[static_cast<int>(t)]; }
+
+}  // namespace
+
+std::string dtype_name(DType t) { return traits(t).name; }
+
+int64_t dtype_block_elements(DType t) { return traits(t).block_elements; }
+
+size_t dtype_block_bytes(DType t) { return traits(t).block_bytes; }
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
-bool takes_q8_activations(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_K || t == DType::kQ6_K; }
+bool takes_q8_activations(DType t) { return !is_float_dtype(t); }
 
 size_t dtype_row_bytes(DType t, int64_t n) {
-  const auto un = static_cast<size_t>(n);
-  switch (t) {
-    case DType::kF32: return 4 * un;
-    case DType::kF16:
-    case DType::kBF16: return 2 * un;
-    case DType::kQ8_0:
-      TANDEM_ASSERT(n % 32 == 0, "q8_0 rows hold whole blocks of 32");
-      return un / 32 * 34;
-    case DType::kQ4_K:
-      TANDEM_ASSERT(n % 256 == 0, "q4_k rows hold whole blocks of 256");
-      return un / 256 * 144;
-    case DType::kQ6_K:
-      TANDEM_ASSERT(n % 256 == 0, "q6_k rows hold whole blocks of 256");
-      return un / 256 * 210;
-  }
-  return 0;
+  const int64_t block = dtype_block_elements(t);
+  TANDEM_ASSERT(n % block == 0, "rows of a block type hold whole blocks");
+  return static_cast<size_t>(n / block) * dtype_block_bytes(t);
+}
+
+TensorType gguf_tensor_type(DType t) { return traits(t).gguf; }
+
+std::optional<DType> dtype_for(TensorType t) {
+  for (int i = 0; i < kDTypeCount; ++i)
+    if (kTraits[i].gguf == t) return static_cast<DType>(i);
+  return std::nullopt;
+}
+
+std::string dtype_names() {
+  std::string out;
+  for (const DTypeTraits& t : kTraits) out += (out.empty() ? "" : ", ") + std::string(t.name);
+  return out;
 }
 
 DType parse_dtype(const std::string& name) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K})
-    if (name == dtype_name(t)) return t;
-  throw Error("unknown data type '" + name + "': expected one of f32, f16, bf16, q8_0, q4_k, q6_k");
+  for (int i = 0; i < kDTypeCount; ++i)
+    if (name == kTraits[i].name) return static_cast<DType>(i);
+  throw Error("unknown data type '" + name + "': expected one of " + dtype_names());
 }
 
 }  // namespace tandem::kernels

@@ -3,25 +3,40 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+
+namespace tandem::gguf {
+enum class TensorType : uint32_t;
+}
 
 namespace tandem::kernels {
 
-// Q8_0 is a weight type only; the KV cache is f32, f16 or bf16.
-// kQ4_K and kQ6_K: GGUF's K-quant blocks of 256 elements (k_quants.h).
-enum class DType { kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ6_K };
+// The float types serve weights and the KV cache; the rest are GGUF's weight
+// block types: q8_0 and the 32-element types of legacy_quants.h (q4_0, q4_1,
+// q5_0, q5_1, iq4_nl), and the 256-element K-quants of k_quants.h.
+enum class DType { kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ6_K, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL, kQ5_K };
+constexpr int kDTypeCount = static_cast<int>(DType::kQ5_K) + 1;
 
 std::string dtype_name(DType t);
 // Elements of one block of the type (1 for the float types).
 int64_t dtype_block_elements(DType t);
+// Bytes of one block (of one element for the float types).
+size_t dtype_block_bytes(DType t);
 // Bytes of a row of n elements (n a multiple of dtype_block_elements).
 size_t dtype_row_bytes(DType t, int64_t n);
 // f32, f16 or bf16 (the types a KV cache can hold).
 bool is_float_dtype(DType t);
 // Whether matrices of the type multiply activations quantized to q8_0 blocks
-// (MatmulInput::xq) rather than floats.
+// (MatmulInput::xq) rather than floats: every block type.
 bool takes_q8_activations(DType t);
-// Parses "f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"; throws tandem::Error otherwise.
+// The name of every type, comma-separated (for messages and --help).
+std::string dtype_names();
+// The GGUF tensor type of t, and the type tandem computes a GGUF type as
+// stored (none for the types it converts at load or cannot read).
+gguf::TensorType gguf_tensor_type(DType t);
+std::optional<DType> dtype_for(gguf::TensorType t);
+// Parses a name of dtype_name; throws tandem::Error otherwise.
 DType parse_dtype(const std::string& name);
 
 }  // namespace tandem::kernels

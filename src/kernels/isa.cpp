@@ -76,6 +76,12 @@ GemmFn gemm_for(const IsaKernels& k, DType t) {
     case DType::kQ8_0: return k.gemm_q8_0;
     case DType::kQ4_K: return k.gemm_q4_k;
     case DType::kQ6_K: return k.gemm_q6_k;
+    case DType::kQ4_0: return k.gemm_q4_0;
+    case DType::kQ4_1: return k.gemm_q4_1;
+    case DType::kQ5_0: return k.gemm_q5_0;
+    case DType::kQ5_1: return k.gemm_q5_1;
+    case DType::kIQ4_NL: return k.gemm_iq4_nl;
+    case DType::kQ5_K: return k.gemm_q5_k;
   }
   return nullptr;
 }

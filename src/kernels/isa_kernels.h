@@ -44,7 +44,7 @@ struct GemmArgs {
   int64_t k = 0;               // reduction length (weight row length)
   const float* x = nullptr;    // activations, ldx floats apart (f32/f16/bf16 weights)
   int64_t ldx = 0;
-  const BlockQ8_0Act* xq = nullptr;  // activations quantized per row (q8_0, q4_k, q6_k weights)
+  const BlockQ8_0Act* xq = nullptr;  // activations quantized per row (the block types' weights)
   int64_t ldxq = 0;                  // blocks between two token rows of xq
   // bf16 weights multiply activations rounded to bf16 (in every variant, so
   // that they agree): x then holds the rounded values as f32, and xb the same
@@ -60,8 +60,10 @@ struct GemmArgs {
 
 constexpr int64_t kFloatChunkBytes = 64;
 constexpr int64_t kQ8ChunkBytes = 34;
-// K-quant rows interleave by whole blocks (k_quants.h), as q8_0 rows do.
+// The other block types' rows interleave by whole blocks too (k_quants.h,
+// legacy_quants.h), as q8_0 rows do.
 constexpr int64_t kQ4KChunkBytes = 144;
+constexpr int64_t kQ5KChunkBytes = 176;
 constexpr int64_t kQ6KChunkBytes = 210;
 
 // Where chunk 0 of row r starts; chunk c is c * w_group * chunk_bytes further.
@@ -130,6 +132,12 @@ struct IsaKernels {
   GemmFn gemm_q8_0;
   GemmFn gemm_q4_k;
   GemmFn gemm_q6_k;
+  GemmFn gemm_q4_0;
+  GemmFn gemm_q4_1;
+  GemmFn gemm_q5_0;
+  GemmFn gemm_q5_1;
+  GemmFn gemm_iq4_nl;
+  GemmFn gemm_q5_k;
   AttentionTileFn attention_tile;
   SiluMulFn silu_mul;
   NarrowFn narrow;

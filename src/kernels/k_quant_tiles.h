@@ -1,4 +1,4 @@
-// The q4_K and q6_K GEMM tiles (k_quants.h), shared by the AVX2 and AVX-512
+// The q4_K, q5_K and q6_K GEMM tiles (k_quants.h), shared by the AVX2 and AVX-512
 // variants: included by each inside its own anonymous namespace (see
 // gemm_driver.h), after its hsum256, with a DotLanes policy for the one step
 // the two do differently.
@@ -51,28 +51,59 @@ inline __m256 u8x8_to_ps(uint64_t bytes) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bytes))));
 }
 
-// One q4_K block unpacked: q by sub-block, d * scale_j and dmin * min_j.
+// One q4_K or q5_K block unpacked: q by sub-block, d * scale_j and dmin * min_j.
 struct Q4KRow {
   __m256i q[8];
   __m256 scale, min;
 };
 
-inline void unpack_q4_k(const BlockQ4_K* b, Q4KRow& w) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int c = 0; c < 4; ++c) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * c));
-    w.q[2 * c] = _mm256_and_si256(v, low);
-    w.q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-  }
-  // The 6-bit scales and mins of q4_k_scale_min, four bytes at a time.
+// The 6-bit scales and mins of q4_k_scale_min, four bytes at a time.
+inline void unpack_scales_mins(const uint8_t* scales, uint16_t d, uint16_t dmin, Q4KRow& w) {
   uint32_t u[3];
-  std::memcpy(u, b->scales, 12);
+  std::memcpy(u, scales, 12);
   const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, mn_lo = u[1] & 0x3f3f3f3fu;
   const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
   const uint32_t mn_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-  w.scale = _mm256_mul_ps(f16_broadcast(b->d), u8x8_to_ps(sc_lo | (uint64_t{sc_hi} << 32)));
-  w.min = _mm256_mul_ps(f16_broadcast(b->dmin), u8x8_to_ps(mn_lo | (uint64_t{mn_hi} << 32)));
+  w.scale = _mm256_mul_ps(f16_broadcast(d), u8x8_to_ps(sc_lo | (uint64_t{sc_hi} << 32)));
+  w.min = _mm256_mul_ps(f16_broadcast(dmin), u8x8_to_ps(mn_lo | (uint64_t{mn_hi} << 32)));
 }
+
+// The low nibbles of qs[32 c ..] are sub-block 2 c, the high ones 2 c + 1.
+inline void unpack_nibbles(const uint8_t* qs, Q4KRow& w) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+    w.q[2 * c] = _mm256_and_si256(v, low);
+    w.q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+  }
+}
+
+struct Q4KUnpack {
+  using Block = BlockQ4_K;
+  static constexpr int64_t kChunk = kQ4KChunkBytes;
+  static void unpack(const BlockQ4_K* b, Q4KRow& w) {
+    unpack_nibbles(b->qs, w);
+    unpack_scales_mins(b->scales, b->d, b->dmin, w);
+  }
+};
+
+// q5_K: bit j of qh[l] is bit 4 of element l of sub-block j. A 16-bit shift
+// by j moves bit j of both bytes to their bit 0 (the bits shifted across
+// the byte boundary are masked off).
+struct Q5KUnpack {
+  using Block = BlockQ5_K;
+  static constexpr int64_t kChunk = kQ5KChunkBytes;
+  static void unpack(const BlockQ5_K* b, Q4KRow& w) {
+    unpack_nibbles(b->qs, w);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh));
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int j = 0; j < 8; ++j) {
+      const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), one);
+      w.q[j] = _mm256_or_si256(w.q[j], _mm256_slli_epi16(bit, 4));
+    }
+    unpack_scales_mins(b->scales, b->d, b->dmin, w);
+  }
+};
 
 // Prefetches the block `ahead` bytes past b (chunk bytes long) for a decode tile.
 inline void prefetch_block(const void* b, int64_t ahead, int64_t chunk) {
@@ -81,17 +112,19 @@ inline void prefetch_block(const void* b, int64_t ahead, int64_t chunk) {
 
 constexpr int64_t kKQuantPrefetchBlocks = 4;
 
-template <typename Dot, int R, int T>
-inline void tile_q4_k(const GemmArgs& a, int64_t r0, int64_t t0) {
+// q4_K and q5_K (Unpack: Q4KUnpack, Q5KUnpack).
+template <typename Dot, typename Unpack, int R, int T>
+inline void tile_q45_k(const GemmArgs& a, int64_t r0, int64_t t0) {
+  constexpr int64_t kChunk = Unpack::kChunk;
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kQ4KChunkBytes);
+  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kChunk);
   const BlockQ8_0Act* x[T];
   for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
   const int64_t n_super = a.k / kSuperBlock;
-  const int64_t stride = kQ4KChunkBytes * a.w_group;
+  const int64_t stride = kChunk * a.w_group;
   const __m256i ones = _mm256_set1_epi8(1);
   for (int64_t s = 0; s < n_super; ++s) {
     // Per token: the blocks' scales dx, and dx times the sum of each block's
@@ -105,10 +138,10 @@ inline void tile_q4_k(const GemmArgs& a, int64_t r0, int64_t t0) {
       dx_sum[t] = _mm256_mul_ps(_mm256_cvtepi32_ps(sum_lanes8(v)), dx[t]);
     }
     for (int r = 0; r < R; ++r) {
-      const auto* b = reinterpret_cast<const BlockQ4_K*>(w[r] + s * stride);
-      if constexpr (T == 1) prefetch_block(b, kKQuantPrefetchBlocks * stride, kQ4KChunkBytes);
+      const auto* b = reinterpret_cast<const typename Unpack::Block*>(w[r] + s * stride);
+      if constexpr (T == 1) prefetch_block(b, kKQuantPrefetchBlocks * stride, kChunk);
       Q4KRow q;
-      unpack_q4_k(b, q);
+      Unpack::unpack(b, q);
       for (int t = 0; t < T; ++t) {
         const BlockQ8_0Act* xs = x[t] + 8 * s;
         __m256i v[8];
@@ -190,11 +223,11 @@ inline void tile_q6_k(const GemmArgs& a, int64_t r0, int64_t t0) {
     for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = hsum256(acc[r][t]);
 }
 
-template <typename Dot>
-struct Q4KTile {
+template <typename Dot, typename Unpack>
+struct Q45KTile {
   template <int R, int T>
   struct Fn {
-    static void run(const GemmArgs& a, int64_t r, int64_t t) { tile_q4_k<Dot, R, T>(a, r, t); }
+    static void run(const GemmArgs& a, int64_t r, int64_t t) { tile_q45_k<Dot, Unpack, R, T>(a, r, t); }
   };
 };
 
@@ -209,7 +242,11 @@ constexpr GemmPlan kKQuantPlan{4, 2, 8, 16, 128};
 
 template <typename Dot>
 void gemm_q4_k(const GemmArgs& a, int64_t b, int64_t e) {
-  gemm_driver<Q4KTile<Dot>::template Fn, kKQuantPlan>(a, b, e);
+  gemm_driver<Q45KTile<Dot, Q4KUnpack>::template Fn, kKQuantPlan>(a, b, e);
+}
+template <typename Dot>
+void gemm_q5_k(const GemmArgs& a, int64_t b, int64_t e) {
+  gemm_driver<Q45KTile<Dot, Q5KUnpack>::template Fn, kKQuantPlan>(a, b, e);
 }
 inline void gemm_q6_k(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q6KTile, kKQuantPlan>(a, b, e); }
 

@@ -17,6 +17,15 @@ void q4_k_values(const BlockQ4_K& b, uint8_t* q) {
     }
 }
 
+void q5_k_values(const BlockQ5_K& b, uint8_t* q) {
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      const int lo = 2 * c, hi = 2 * c + 1;  // the two sub-blocks of qs[32 c ..]
+      q[64 * c + l] = static_cast<uint8_t>((b.qs[32 * c + l] & 0x0F) | (((b.qh[l] >> lo) & 1) << 4));
+      q[64 * c + 32 + l] = static_cast<uint8_t>((b.qs[32 * c + l] >> 4) | (((b.qh[l] >> hi) & 1) << 4));
+    }
+}
+
 void q6_k_values(const BlockQ6_K& b, uint8_t* q) {
   for (int h = 0; h < 2; ++h) {
     const uint8_t* ql = b.ql + 64 * h;
@@ -35,13 +44,15 @@ namespace {
 
 int nearest(float v) { return static_cast<int>(std::lround(v)); }
 
-void quantize_block_q4_k(const float* x, BlockQ4_K& b) {
+// The scales, mins and values q of a q4_K or q5_K block with `levels` levels.
+template <typename Block>
+void quantize_scaled_min_block(const float* x, Block& b, int levels, uint8_t* q) {
   float scale[8], min[8];  // min >= 0: the value subtracted
   for (int j = 0; j < 8; ++j) {
     const float* s = x + 32 * j;
     const float lo = std::min(0.0f, *std::min_element(s, s + 32));
     const float hi = *std::max_element(s, s + 32);
-    scale[j] = (hi - lo) / 15.0f;
+    scale[j] = (hi - lo) / static_cast<float>(levels - 1);
     min[j] = -lo;
   }
   const float max_scale = *std::max_element(scale, scale + 8);
@@ -61,14 +72,28 @@ void quantize_block_q4_k(const float* x, BlockQ4_K& b) {
     b.scales[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
     b.scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4));
   }
-  uint8_t q[256];
   for (int j = 0; j < 8; ++j) {
     const float step = dq * sc[j], offset = dminq * mn[j];
     for (int l = 0; l < 32; ++l)
-      q[32 * j + l] = static_cast<uint8_t>(step > 0 ? std::clamp(nearest((x[32 * j + l] + offset) / step), 0, 15) : 0);
+      q[32 * j + l] =
+          static_cast<uint8_t>(step > 0 ? std::clamp(nearest((x[32 * j + l] + offset) / step), 0, levels - 1) : 0);
   }
   for (int c = 0; c < 4; ++c)
-    for (int l = 0; l < 32; ++l) b.qs[32 * c + l] = static_cast<uint8_t>(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+    for (int l = 0; l < 32; ++l)
+      b.qs[32 * c + l] = static_cast<uint8_t>((q[64 * c + l] & 0x0F) | ((q[64 * c + 32 + l] & 0x0F) << 4));
+}
+
+void quantize_block_q4_k(const float* x, BlockQ4_K& b) {
+  uint8_t q[256];
+  quantize_scaled_min_block(x, b, 16, q);
+}
+
+void quantize_block_q5_k(const float* x, BlockQ5_K& b) {
+  uint8_t q[256];
+  quantize_scaled_min_block(x, b, 32, q);
+  std::memset(b.qh, 0, sizeof b.qh);
+  for (int j = 0; j < 8; ++j)
+    for (int l = 0; l < 32; ++l) b.qh[l] = static_cast<uint8_t>(b.qh[l] | ((q[32 * j + l] >> 4) << j));
 }
 
 void quantize_block_q6_k(const float* x, BlockQ6_K& b) {
@@ -118,6 +143,7 @@ void quantize_row(const float* x, uint8_t* out, int64_t n) {
 }  // namespace
 
 void quantize_row_q4_k(const float* x, uint8_t* out, int64_t n) { quantize_row<BlockQ4_K, quantize_block_q4_k>(x, out, n); }
+void quantize_row_q5_k(const float* x, uint8_t* out, int64_t n) { quantize_row<BlockQ5_K, quantize_block_q5_k>(x, out, n); }
 void quantize_row_q6_k(const float* x, uint8_t* out, int64_t n) { quantize_row<BlockQ6_K, quantize_block_q6_k>(x, out, n); }
 
 }  // namespace tandem::kernels

@@ -1,9 +1,9 @@
-// GGUF's K-quant weight blocks that tandem computes with natively (q4_K and
-// q6_K: 256 elements per block), the unpacking every kernel variant shares,
-// and tandem's own quantizers for them (make-model, tests).
+// GGUF's K-quant weight blocks that tandem computes with natively (q4_K,
+// q5_K and q6_K: 256 elements per block), the unpacking every kernel variant
+// shares, and tandem's own quantizers for them (make-model, tests).
 //
-// Both types multiply activations quantized to q8_0 blocks of 32 (float
-// scale, BlockQ8_0Act), as q8_0 weights do: a q4_K sub-block of 32 is one
+// They multiply activations quantized to q8_0 blocks of 32 (float scale,
+// BlockQ8_0Act), as q8_0 weights do: a q4_K or q5_K sub-block of 32 is one
 // activation block, a q6_K block's 16 scales pair up over eight of them. The
 // product per activation block is an exact integer sum, so every variant
 // computes the same integers and differs only in its float steps.
@@ -27,6 +27,17 @@ struct BlockQ4_K {
 };
 static_assert(sizeof(BlockQ4_K) == 144);
 
+// q4_K with a fifth bit: element 32 j + l of sub-block j takes bit j of
+// qh[l] as its bit 4, so q lies in [0, 31].
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ5_K) == 176);
+
 // d * scales[i / 16] * (q - 32), q in [0, 63]: the low 4 bits in ql, the high
 // 2 in qh (see q6_k_values for the element order).
 struct BlockQ6_K {
@@ -48,16 +59,18 @@ inline void q4_k_scale_min(const uint8_t* scales, int j, uint8_t* scale, uint8_t
   }
 }
 
-// The 256 values q of a q4_K block in element order.
+// The 256 values q of a q4_K (q5_K) block in element order.
 void q4_k_values(const BlockQ4_K& b, uint8_t* q);
+void q5_k_values(const BlockQ5_K& b, uint8_t* q);
 // The 256 values q (0..63, before the - 32) of a q6_K block in element order.
 void q6_k_values(const BlockQ6_K& b, uint8_t* q);
 
 // tandem's quantizers (n a multiple of 256): per sub-block the scale (and,
-// for q4_K, the min) that spans its values, then the block's scales quantized
+// for q4_K and q5_K, the min) that spans its values, then the block's scales quantized
 // against the largest. Not llama.cpp's search for the least squared error:
 // files tandem writes are valid GGUF of these types, a little less accurate.
 void quantize_row_q4_k(const float* x, uint8_t* out, int64_t n);
+void quantize_row_q5_k(const float* x, uint8_t* out, int64_t n);
 void quantize_row_q6_k(const float* x, uint8_t* out, int64_t n);
 
 }  // namespace tandem::kernels

@@ -315,6 +315,7 @@ struct Vec {
 }  // namespace tandem::kernels
 
 #include "kernels/k_quant_tiles.h"
+#include "kernels/legacy_quant_tiles.h"
 #include "kernels/vector_algorithms.h"
 
 namespace tandem::kernels {
@@ -330,8 +331,22 @@ struct DotLanes {
 }  // namespace
 
 const IsaKernels kAvx2Kernels = {
-    gemm_f32,           gemm_f16,  gemm_bf16,          gemm_q8_0,    gemm_q4_k<DotLanes>, gemm_q6_k,
-    attention_tile_vec, silu_mul_vec, Vec::narrow, delta_rule_vec,
+    gemm_f32,
+    gemm_f16,
+    gemm_bf16,
+    gemm_q8_0,
+    gemm_q4_k<DotLanes>,
+    gemm_q6_k,
+    gemm_legacy<DotLanes, Q4_0Format>,
+    gemm_legacy<DotLanes, Q4_1Format>,
+    gemm_legacy<DotLanes, Q5_0Format>,
+    gemm_legacy<DotLanes, Q5_1Format>,
+    gemm_legacy<DotLanes, IQ4NLFormat>,
+    gemm_q5_k<DotLanes>,
+    attention_tile_vec,
+    silu_mul_vec,
+    Vec::narrow,
+    delta_rule_vec,
 };
 
 }  // namespace tandem::kernels

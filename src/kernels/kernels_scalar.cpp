@@ -6,6 +6,7 @@
 
 #include "kernels/isa_kernels.h"
 #include "kernels/k_quants.h"
+#include "kernels/legacy_quants.h"
 #include "util/fp16.h"
 
 namespace tandem::kernels {
@@ -60,6 +61,33 @@ void gemm_q8_0(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   }
 }
 
+// The 32-element types of legacy_quants.h: per block the exact integer sums
+// of w x (and of x, for a min), then dx * (d * sum(w x)) [+ dx * m * sum(x)].
+template <DType kType>
+void gemm_legacy(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t n_blocks = a.k / 32;
+  const auto chunk = static_cast<int64_t>(dtype_block_bytes(kType));
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const BlockQ8_0Act* xb = a.xq + t * a.ldxq;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const uint8_t* row = gemm_row(a, r, chunk);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        LegacyBlock wb;
+        unpack_legacy_block(kType, row + b * chunk * a.w_group, &wb);
+        int32_t dot = 0, xsum = 0;
+        for (int i = 0; i < 32; ++i) {
+          dot += wb.w[i] * xb[b].qs[i];
+          xsum += xb[b].qs[i];
+        }
+        acc += static_cast<float>(dot) * (wb.d * xb[b].d);
+        if (legacy_quant_has_min(kType)) acc += static_cast<float>(xsum) * (wb.m * xb[b].d);
+      }
+      a.y[t * a.ldy + r] = acc;
+    }
+  }
+}
+
 // K-quants (k_quants.h): per activation block of 32 an exact integer sum,
 // then its float terms, block after block. BlockTerms(block, q, j, x) is the
 // contribution of activation block j of a weight block whose values are q.
@@ -83,19 +111,26 @@ void gemm_k_quant(const GemmArgs& a, int64_t row_begin, int64_t row_end, BlockTe
   }
 }
 
+// q4_K and q5_K: d * scale_j * q - dmin * min_j per sub-block j.
+template <typename Block>
+float scaled_min_terms(const Block& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
+  uint8_t sc, m;
+  q4_k_scale_min(wb.scales, j, &sc, &m);
+  int32_t dot = 0, xsum = 0;
+  for (int i = 0; i < 32; ++i) {
+    dot += q[32 * j + i] * x.qs[i];
+    xsum += x.qs[i];
+  }
+  return static_cast<float>(dot) * (f16_to_f32(wb.d) * sc * x.d) -
+         f16_to_f32(wb.dmin) * m * (x.d * static_cast<float>(xsum));
+}
+
 void gemm_q4_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  gemm_k_quant<BlockQ4_K, kQ4KChunkBytes, q4_k_values>(
-      a, row_begin, row_end, [](const BlockQ4_K& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
-        uint8_t sc, m;
-        q4_k_scale_min(wb.scales, j, &sc, &m);
-        int32_t dot = 0, xsum = 0;
-        for (int i = 0; i < 32; ++i) {
-          dot += q[32 * j + i] * x.qs[i];
-          xsum += x.qs[i];
-        }
-        return static_cast<float>(dot) * (f16_to_f32(wb.d) * sc * x.d) -
-               f16_to_f32(wb.dmin) * m * (x.d * static_cast<float>(xsum));
-      });
+  gemm_k_quant<BlockQ4_K, kQ4KChunkBytes, q4_k_values>(a, row_begin, row_end, scaled_min_terms<BlockQ4_K>);
+}
+
+void gemm_q5_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  gemm_k_quant<BlockQ5_K, kQ5KChunkBytes, q5_k_values>(a, row_begin, row_end, scaled_min_terms<BlockQ5_K>);
 }
 
 void gemm_q6_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
@@ -144,8 +179,10 @@ struct Vec {
 namespace tandem::kernels {
 
 const IsaKernels kScalarKernels = {
-    gemm_plain<load_f32, 4>, gemm_plain<load_f16, 2>, gemm_plain<load_bf16, 2>, gemm_q8_0, gemm_q4_k, gemm_q6_k,
-    attention_tile_vec, silu_mul_vec, Vec::narrow, delta_rule_vec,
+    gemm_plain<load_f32, 4>,     gemm_plain<load_f16, 2>,     gemm_plain<load_bf16, 2>, gemm_q8_0,
+    gemm_q4_k,                   gemm_q6_k,                   gemm_legacy<DType::kQ4_0>, gemm_legacy<DType::kQ4_1>,
+    gemm_legacy<DType::kQ5_0>,   gemm_legacy<DType::kQ5_1>,   gemm_legacy<DType::kIQ4_NL>, gemm_q5_k,
+    attention_tile_vec,          silu_mul_vec,                Vec::narrow,              delta_rule_vec,
 };
 
 }  // namespace tandem::kernels

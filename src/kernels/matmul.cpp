@@ -17,9 +17,8 @@ constexpr size_t kMaxOutputs = 8;
 }  // namespace
 
 InterleavedLayout interleaved_layout(DType t) {
-  if (t == DType::kQ8_0) return {8, kQ8ChunkBytes};
-  if (t == DType::kQ4_K) return {8, kQ4KChunkBytes};
-  if (t == DType::kQ6_K) return {8, kQ6KChunkBytes};
+  // Block types: groups of 8 rows by whole blocks.
+  if (!is_float_dtype(t)) return {8, static_cast<int64_t>(dtype_block_bytes(t))};
   if (t == DType::kBF16) return {kPanelRows, 4};  // pairs, for vdpbf16ps
   return {kPanelRows, static_cast<int64_t>(dtype_row_bytes(t, 1))};
 }

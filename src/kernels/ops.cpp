@@ -7,6 +7,7 @@
 #include "gguf/dequantize.h"
 #include "kernels/isa_kernels.h"
 #include "kernels/k_quants.h"
+#include "kernels/legacy_quants.h"
 #include "util/error.h"
 #include "util/fp16.h"
 
@@ -125,35 +126,8 @@ int64_t argmax(const float* x, int64_t n) {
 }
 
 void dequantize_row(DType t, const uint8_t* row, float* out, int64_t n) {
-  switch (t) {
-    case DType::kF32: std::memcpy(out, row, static_cast<size_t>(n) * 4); return;
-    case DType::kF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, row + 2 * i, 2);
-        out[i] = f16_to_f32(h);
-      }
-      return;
-    case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, row + 2 * i, 2);
-        out[i] = bf16_to_f32(h);
-      }
-      return;
-    case DType::kQ8_0: {
-      TANDEM_ASSERT(n % 32 == 0);
-      for (int64_t b = 0; b < n / 32; ++b) {
-        BlockQ8_0 blk;
-        std::memcpy(&blk, row + b * sizeof(BlockQ8_0), sizeof blk);
-        const float d = f16_to_f32(blk.d);
-        for (int i = 0; i < 32; ++i) out[b * 32 + i] = d * blk.qs[i];
-      }
-      return;
-    }
-    case DType::kQ4_K: return gguf::dequantize_row(gguf::TensorType::Q4_K, row, out, n);
-    case DType::kQ6_K: return gguf::dequantize_row(gguf::TensorType::Q6_K, row, out, n);
-  }
+  // GGUF's reference dequantization (bit-identical to ggml's) for every type.
+  gguf::dequantize_row(gguf_tensor_type(t), row, out, n);
 }
 
 void convert_row(const float* x, DType t, uint8_t* out, int64_t n) {
@@ -173,7 +147,13 @@ void convert_row(const float* x, DType t, uint8_t* out, int64_t n) {
       return;
     case DType::kQ8_0: quantize_row_q8_0_weights(x, out, n); return;
     case DType::kQ4_K: quantize_row_q4_k(x, out, n); return;
+    case DType::kQ5_K: quantize_row_q5_k(x, out, n); return;
     case DType::kQ6_K: quantize_row_q6_k(x, out, n); return;
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kIQ4_NL: quantize_row_legacy(t, x, out, n); return;
   }
 }
 

@@ -84,44 +84,85 @@ uint64_t fnv1a(const std::string& s, uint64_t seed) {
   return h;
 }
 
-gguf::TensorType gguf_type(DType t) {
+uint32_t file_type(DType t, QuantMix mix) {
+  if (mix == QuantMix::kQ4_K_M) return 15;  // llama_ftype numbering
+  if (mix == QuantMix::kQ5_K_M) return 17;
   switch (t) {
-    case DType::kF32: return gguf::TensorType::F32;
-    case DType::kF16: return gguf::TensorType::F16;
-    case DType::kBF16: return gguf::TensorType::BF16;
-    case DType::kQ8_0: return gguf::TensorType::Q8_0;
-    case DType::kQ4_K: return gguf::TensorType::Q4_K;
-    case DType::kQ6_K: return gguf::TensorType::Q6_K;
-  }
-  return gguf::TensorType::F32;
-}
-
-uint32_t file_type(DType t) {
-  switch (t) {  // llama_ftype numbering
     case DType::kF32: return 0;
     case DType::kF16: return 1;
+    case DType::kQ4_0: return 2;
+    case DType::kQ4_1: return 3;
     case DType::kQ8_0: return 7;
+    case DType::kQ5_0: return 8;
+    case DType::kQ5_1: return 9;
     case DType::kQ4_K: return 15;  // MOSTLY_Q4_K_M: the closest ftype of a file all q4_K
+    case DType::kQ5_K: return 17;  // MOSTLY_Q5_K_M, likewise
     case DType::kQ6_K: return 18;
+    case DType::kIQ4_NL: return 25;
     case DType::kBF16: return 32;
   }
   return 0;
 }
 
+// The type a matrix of `cols` columns takes instead of t when its rows are
+// not whole blocks of t: llama.cpp's fallbacks (a 32-element type of about
+// the same size), then f16.
+DType fallback_type(DType t, int64_t cols) {
+  if (cols % kernels::dtype_block_elements(t) == 0) return t;
+  const DType smaller = t == DType::kQ4_K ? DType::kQ5_0 : t == DType::kQ5_K ? DType::kQ5_1 : DType::kQ8_0;
+  return cols % kernels::dtype_block_elements(smaller) == 0 ? smaller : DType::kF16;
+}
+
+// llama.cpp's use_more_bits: the layers of a q4_k_m / q5_k_m file whose
+// attn_v and ffn_down get q6_K.
+bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// Where a tensor sits, for a mix's choice.
+struct MixPlace {
+  int64_t n_attn_v = 0, n_ffn_down = 0;  // tensors of each kind in the file
+  int64_t n_expert = 0;
+  bool tied_embeddings = false;
+};
+
+// The type llama.cpp's quantizer gives tensor `name` of a q4_k_m / q5_k_m
+// file of base type `base`, before the fallback; i_attn_v and i_ffn_down
+// count the tensors of those kinds before this one (llama.cpp's counters; a
+// MoE file's ffn_down index is its layer).
+DType mix_type(QuantMix mix, DType base, const std::string& name, const MixPlace& p, int64_t i_attn_v,
+               int64_t i_ffn_down) {
+  const bool q4 = mix == QuantMix::kQ4_K_M;
+  const auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  if (name == "output.weight" || (p.tied_embeddings && name == "token_embd.weight")) return DType::kQ6_K;
+  if (has("attn_v.weight")) {
+    if (p.n_expert == 8) return DType::kQ8_0;
+    return use_more_bits(i_attn_v, p.n_attn_v) ? DType::kQ6_K : base;
+  }
+  if (has("attn_k.weight") && p.n_expert == 8) return DType::kQ8_0;
+  if (has("attn_output.weight") && p.n_expert == 8 && q4) return DType::kQ5_K;
+  if (has("attn_qkv.weight")) return q4 ? DType::kQ5_K : DType::kQ6_K;
+  if (has("ffn_down")) return use_more_bits(i_ffn_down, p.n_ffn_down) ? DType::kQ6_K : base;
+  return base;
+}
+
 class Builder {
  public:
-  Builder(gguf::Writer& w, uint64_t seed, DType dtype) : w_(w), seed_(seed), dtype_(dtype) {}
+  Builder(gguf::Writer& w, uint64_t seed, DType dtype, QuantMix mix, const MixPlace& place)
+      : w_(w), seed_(seed), dtype_(dtype), mix_(mix), place_(place) {}
 
   // A matrix of `rows` rows of `cols` values uniform with standard deviation
   // `std`; with n_expert > 0, n_expert such matrices as one 3-D tensor. The
-  // type is the model's unless given (routers stay f32, as llama.cpp's
-  // quantizer leaves them).
+  // type is the model's (or its mix's choice) unless given (routers stay f32,
+  // as llama.cpp's quantizer leaves them).
   void matrix(const std::string& name, int64_t cols, int64_t rows, float std_dev, int64_t n_expert = 0,
               std::optional<DType> type = std::nullopt) {
     DType dtype = type.value_or(dtype_);
-    // Rows that are not whole 256-element blocks fall back to q8_0 (llama.cpp's
-    // quantizer falls back likewise), or to f16 when not whole 32-blocks either.
-    if (cols % kernels::dtype_block_elements(dtype) != 0) dtype = cols % 32 == 0 ? DType::kQ8_0 : DType::kF16;
+    if (!type && mix_ != QuantMix::kNone) {
+      const int64_t layer = name.rfind("blk.", 0) == 0 ? std::stoll(name.substr(4)) : 0;
+      dtype = mix_type(mix_, dtype_, name, place_, i_attn_v_, place_.n_expert > 1 ? layer : i_ffn_down_);
+    }
+    if (name.find("attn_v.weight") != std::string::npos) ++i_attn_v_;
+    if (name.find("ffn_down") != std::string::npos) ++i_ffn_down_;
+    dtype = fallback_type(dtype, cols);
     Rng rng{fnv1a(name, seed_)};
     const float amp = std_dev * std::sqrt(3.0f);
     std::vector<float> row(static_cast<size_t>(cols));
@@ -134,7 +175,7 @@ class Builder {
     }
     std::vector<uint64_t> dims{static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
     if (n_expert > 0) dims.push_back(static_cast<uint64_t>(n_expert));
-    w_.add_tensor(name, gguf_type(dtype), dims, std::move(data));
+    w_.add_tensor(name, kernels::gguf_tensor_type(dtype), dims, std::move(data));
   }
 
   // An f32 vector of values center + uniform(-spread, spread).
@@ -152,6 +193,9 @@ class Builder {
   gguf::Writer& w_;
   uint64_t seed_;
   DType dtype_;
+  QuantMix mix_;
+  MixPlace place_;
+  int64_t i_attn_v_ = 0, i_ffn_down_ = 0;
 };
 
 }  // namespace
@@ -161,7 +205,7 @@ const ModelPreset& find_preset(const std::string& name, const std::string& arch)
   for (const auto& p : is_hybrid(arch) ? hybrid_presets() : moe ? moe_presets() : presets())
     if (p.name == name) return p;
   throw Error("unknown preset '" + name + "' for " + arch + ": expected one of " +
-              (moe ? "tiny, small" : "tiny, small, base"));
+              (moe ? "tiny, tiny-wide, small" : "tiny, tiny-wide, small, base"));
 }
 
 std::vector<std::string> preset_names() {
@@ -170,10 +214,34 @@ std::vector<std::string> preset_names() {
   return names;
 }
 
+void set_weight_type(const std::string& name, MakeModelOptions* o) {
+  if (name == "q4_k_m" || name == "q5_k_m") {
+    o->mix = name == "q4_k_m" ? QuantMix::kQ4_K_M : QuantMix::kQ5_K_M;
+    o->dtype = name == "q4_k_m" ? DType::kQ4_K : DType::kQ5_K;
+    return;
+  }
+  try {
+    o->dtype = kernels::parse_dtype(name);
+    o->mix = QuantMix::kNone;
+  } catch (const Error&) {
+    throw Error("unknown weight type '" + name + "': expected one of " + kernels::dtype_names() + ", q4_k_m, q5_k_m");
+  }
+}
+
+std::vector<std::string> weight_type_names() {
+  std::vector<std::string> names;
+  for (int i = 0; i < kernels::kDTypeCount; ++i) names.push_back(kernels::dtype_name(static_cast<DType>(i)));
+  names.push_back("q4_k_m");
+  names.push_back("q5_k_m");
+  return names;
+}
+
 void make_model(const MakeModelOptions& o, const std::string& path) {
   if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3" && !is_moe(o.arch))
     throw Error("unknown architecture '" + o.arch + "': expected one of llama, qwen2, qwen3, qwen3moe, qwen3next");
-  const ModelPreset& p = find_preset(o.preset, o.arch);
+  ModelPreset p = find_preset(o.preset, o.arch);
+  if (o.n_layer < 0) throw Error("--layers must be positive");
+  if (o.n_layer > 0) p.n_layer = o.n_layer;
   const bool moe = is_moe(o.arch);
   const bool qk_norm = o.arch == "qwen3" || moe;
   const int64_t head_dim = p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
@@ -186,7 +254,7 @@ void make_model(const MakeModelOptions& o, const std::string& path) {
   const std::string& a = o.arch;
   w.set("general.architecture", gguf::Value::make_string(a));
   w.set("general.name", gguf::Value::make_string("tandem-demo-" + p.name + "-" + a));
-  w.set("general.file_type", gguf::Value::make_u32(file_type(o.dtype)));
+  w.set("general.file_type", gguf::Value::make_u32(file_type(o.dtype, o.mix)));
   w.set("general.quantization_version", gguf::Value::make_u32(2));
   w.set(a + ".vocab_size", gguf::Value::make_u32(static_cast<uint32_t>(p.n_vocab)));
   w.set(a + ".context_length", gguf::Value::make_u32(static_cast<uint32_t>(p.n_ctx)));
@@ -237,7 +305,15 @@ void make_model(const MakeModelOptions& o, const std::string& path) {
   // Scales keep activations near unit size through the residual stream and
   // make the logits peaked (std ~6), so greedy decoding is robust to rounding
   // differences between implementations.
-  Builder b(w, o.seed, o.dtype);
+  MixPlace place;
+  place.n_expert = moe ? p.n_expert : 0;
+  place.tied_embeddings = p.tied_embeddings;
+  for (int64_t l = 0; l < p.n_layer; ++l) {
+    const bool attention = !hybrid || (l + 1) % p.full_attention_interval == 0;
+    place.n_attn_v += attention ? 1 : 0;
+    place.n_ffn_down += hybrid ? 2 : 1;  // qwen3next: the routed and the shared experts'
+  }
+  Builder b(w, o.seed, o.dtype, o.mix, place);
   const auto inv_sqrt = [](int64_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
   const float out_std = 6.0f * inv_sqrt(p.n_embd);
   b.matrix("token_embd.weight", p.n_embd, p.n_vocab, p.tied_embeddings ? out_std : 1.0f);

@@ -34,12 +34,27 @@ struct ModelPreset {
 const ModelPreset& find_preset(const std::string& name, const std::string& arch = "llama");
 std::vector<std::string> preset_names();
 
+// A per-tensor type choice on top of the model's type, as llama.cpp's
+// quantizer makes for its file types (llama_tensor_get_type): q4_k_m and
+// q5_k_m give the output matrix (the token embedding when tied) q6_K, and
+// attn_v and ffn_down q6_K in the layers use_more_bits picks (the first and
+// last eighths and every third between).
+enum class QuantMix { kNone, kQ4_K_M, kQ5_K_M };
+
 struct MakeModelOptions {
   std::string preset = "tiny";
   std::string arch = "llama";  // llama, qwen2, qwen3, qwen3moe, qwen3next
-  kernels::DType dtype = kernels::DType::kF16;
+  kernels::DType dtype = kernels::DType::kF16;  // every matrix's type, or a mix's base type
+  QuantMix mix = QuantMix::kNone;
+  int64_t n_layer = 0;  // 0: the preset's
   uint64_t seed = 0;
 };
+
+// Sets dtype and mix from a --dtype name: a type of kernels::parse_dtype, or
+// q4_k_m / q5_k_m (base q4_k / q5_k). Throws tandem::Error otherwise.
+void set_weight_type(const std::string& name, MakeModelOptions* options);
+// Every name set_weight_type takes.
+std::vector<std::string> weight_type_names();
 
 // Writes the model to `path`; throws tandem::Error on a bad option or I/O error.
 void make_model(const MakeModelOptions& options, const std::string& path);

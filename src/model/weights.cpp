@@ -19,17 +19,7 @@ using kernels::WeightMatrix;
 thread_local ConvertedWeights* t_conversion = nullptr;
 
 // The file types computed as they are.
-std::optional<DType> native_dtype(gguf::TensorType t) {
-  switch (t) {
-    case gguf::TensorType::F32: return DType::kF32;
-    case gguf::TensorType::F16: return DType::kF16;
-    case gguf::TensorType::BF16: return DType::kBF16;
-    case gguf::TensorType::Q8_0: return DType::kQ8_0;
-    case gguf::TensorType::Q4_K: return DType::kQ4_K;
-    case gguf::TensorType::Q6_K: return DType::kQ6_K;
-    default: return std::nullopt;
-  }
-}
+std::optional<DType> native_dtype(gguf::TensorType t) { return kernels::dtype_for(t); }
 
 // Whether tensor t is read by converting it to q8_0 (a type with no kernels yet).
 bool converted(const gguf::TensorInfo& t) { return gguf::can_dequantize(t.type) && !native_dtype(t.type); }
@@ -37,10 +27,17 @@ bool converted(const gguf::TensorInfo& t) { return gguf::can_dequantize(t.type) 
 DType compute_dtype(const gguf::File& f, const gguf::TensorInfo& t) {
   if (const auto native = native_dtype(t.type)) return *native;
   if (converted(t) && t_conversion != nullptr) return DType::kQ8_0;
+  std::string native_types, converted_types;
+  for (int i = 0; i < kernels::kDTypeCount; ++i)
+    native_types += (i ? ", " : "") + gguf::type_name(kernels::gguf_tensor_type(static_cast<DType>(i)));
+  for (uint32_t i = 0; i <= static_cast<uint32_t>(gguf::TensorType::MXFP4); ++i) {
+    const auto type = static_cast<gguf::TensorType>(i);
+    if (gguf::type_is_known(type) && gguf::can_dequantize(type) && !native_dtype(type))
+      converted_types += (converted_types.empty() ? "" : ", ") + gguf::type_name(type);
+  }
   throw Error(f.path() + ": tensor '" + t.name + "' has type " + gguf::type_name(t.type) +
-              ", which tandem cannot compute with (supported: f32, f16, bf16, q8_0, q4_K, q6_K; converted to q8_0 "
-              "at load: q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q5_K, iq4_nl, iq4_xs); re-quantize the model "
-              "to one of those");
+              ", which tandem cannot compute with (supported: " + native_types + "; converted to q8_0 at load: " +
+              converted_types + "); re-quantize the model to one of those");
 }
 
 // rows x cols of tensor t's bytes at `src`, as q8_0 rows in a buffer `into` keeps.

@@ -92,7 +92,7 @@ Nonce get_nonce(ByteReader& r) {
 }
 
 std::string describe_dtype(uint8_t dtype) {
-  return dtype <= static_cast<uint8_t>(kernels::DType::kQ6_K)
+  return dtype < kernels::kDTypeCount
              ? kernels::dtype_name(static_cast<kernels::DType>(dtype))
              : "dtype " + std::to_string(dtype);
 }

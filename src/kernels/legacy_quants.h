@@ -1,0 +1,66 @@
+// GGUF's 32-element weight blocks besides q8_0 (q4_0, q4_1, q5_0, q5_1 and
+// iq4_nl) that tandem computes with natively, the unpacking every kernel
+// variant shares, and tandem's own quantizers for them (make-model, tests).
+//
+// Each block is one q8_0 activation block long. Its 32 values unpack to
+// int8 w (signed for the symmetric types, 0..31 for the types with a min m),
+// so the product with an activation block (dx, x) is
+//   dx * (d * sum(w x) + m * sum(x)),
+// an exact integer sum or two and the same float steps in every variant.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace tandem::kernels {
+
+// Element j of a block takes nibble j of qs (low nibbles are elements 0..15,
+// high nibbles 16..31) and, in the 5-bit types, bit j of qh as its fifth bit.
+struct BlockQ4_0 {  // d * (q - 8)
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct BlockQ4_1 {  // d * q + m
+  uint16_t d, m;
+  uint8_t qs[16];
+};
+struct BlockQ5_0 {  // d * (q - 16)
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct BlockQ5_1 {  // d * q + m
+  uint16_t d, m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+struct BlockIQ4_NL {  // d * kIq4NlLevels[q]
+  uint16_t d;
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
+              sizeof(BlockQ5_1) == 24 && sizeof(BlockIQ4_NL) == 18);
+
+// The 16 non-uniform levels of iq4_nl (and iq4_xs), as in GGUF.
+inline constexpr int8_t kIq4NlLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// Whether t is one of the types above.
+bool is_legacy_quant(DType t);
+// Whether values of t carry a min m (q4_1, q5_1).
+bool legacy_quant_has_min(DType t);
+
+// One block unpacked: w as above, d and m (0 for the symmetric types) as floats.
+struct LegacyBlock {
+  int8_t w[32];
+  float d, m;
+};
+void unpack_legacy_block(DType t, const uint8_t* block, LegacyBlock* out);
+
+// tandem's quantizers (n a multiple of 32): the symmetric types scale the
+// value of largest magnitude to the end of their range, as llama.cpp's
+// reference does; the types with a min span each block's range; iq4_nl picks
+// the nearest level. Not llama.cpp's searches for the least squared error.
+void quantize_row_legacy(DType t, const float* x, uint8_t* out, int64_t n);
+
+}  // namespace tandem::kernels
