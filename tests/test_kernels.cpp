@@ -24,14 +24,15 @@
 namespace tandem::kernels {
 namespace {
 
-constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_K,   DType::kQ6_K,
-                               DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL, DType::kQ5_K};
+constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,   DType::kQ8_0, DType::kQ4_K,
+                               DType::kQ6_K, DType::kQ4_0, DType::kQ4_1,   DType::kQ5_0, DType::kQ5_1,
+                               DType::kIQ4_NL, DType::kQ5_K, DType::kQ2_K, DType::kQ3_K, DType::kIQ4_XS};
 static_assert(std::size(kAllTypes) == kDTypeCount);
 
 // The block types besides q8_0, whose kernels are checked against the product
 // of ggml's dequantization.
-constexpr DType kLowBitTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,   DType::kQ5_1,
-                                  DType::kIQ4_NL, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+constexpr DType kLowBitTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL, DType::kQ2_K,
+                                  DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS};
 
 bool is_k_quant(DType t) { return dtype_block_elements(t) == 256; }
 
@@ -185,6 +186,8 @@ void randomize_blocks(Problem& p, uint32_t seed) {
   // Offsets of the f16 fields: d first (q6_K: last), then dmin or m.
   std::vector<size_t> halves{0};
   if (p.type == DType::kQ6_K) halves = {offsetof(BlockQ6_K, d)};
+  if (p.type == DType::kQ3_K) halves = {offsetof(BlockQ3_K, d)};
+  if (p.type == DType::kQ2_K) halves = {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
   if (p.type == DType::kQ4_K || p.type == DType::kQ5_K || p.type == DType::kQ4_1 || p.type == DType::kQ5_1)
     halves = {0, 2};
   std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
@@ -206,42 +209,47 @@ void randomize_blocks(Problem& p, uint32_t seed) {
 TEST(Kernels, LowBitKernelsMatchTheDequantizedProduct) {
   for (DType t : kLowBitTypes) {
     for (bool random_bytes : {false, true}) {
-      Problem p(t, 13, 768, 5, 21);
-      if (random_bytes) randomize_blocks(p, 77);
-      std::vector<std::vector<float>> by_isa;
-      for (Isa isa : supported_isas()) {
-        const std::vector<float> y = p.run(isa);
-        for (int64_t tok = 0; tok < p.tokens; ++tok)
-          for (int64_t r = 0; r < p.rows; ++r) {
-            double exact = 0, magnitude = 0;
-            for (int64_t k = 0; k < p.cols; ++k) {
-              const BlockQ8_0Act& b = p.xq[static_cast<size_t>(tok * (p.cols / 32) + k / 32)];
-              const double term = static_cast<double>(p.w_deq[static_cast<size_t>(r * p.cols + k)]) * b.d * b.qs[k % 32];
-              exact += term;
-              magnitude += std::fabs(term);
+      for (int64_t tokens : {5, 1}) {  // prompt tiles, and decode tiles (AVX-512: their own for the 32-element types)
+        Problem p(t, 21, 768, tokens, 21);
+        if (random_bytes) randomize_blocks(p, 77);
+        std::vector<std::vector<float>> by_isa;
+        for (Isa isa : supported_isas()) {
+          const std::vector<float> y = p.run(isa);
+          for (int64_t tok = 0; tok < p.tokens; ++tok)
+            for (int64_t r = 0; r < p.rows; ++r) {
+              double exact = 0, magnitude = 0;
+              for (int64_t k = 0; k < p.cols; ++k) {
+                const BlockQ8_0Act& b = p.xq[static_cast<size_t>(tok * (p.cols / 32) + k / 32)];
+                const double term = static_cast<double>(p.w_deq[static_cast<size_t>(r * p.cols + k)]) * b.d * b.qs[k % 32];
+                exact += term;
+                magnitude += std::fabs(term);
+              }
+              ASSERT_NEAR(y[static_cast<size_t>(tok * p.rows + r)], exact, 1e-5 * magnitude + 1e-6)
+                  << dtype_name(t) << " " << isa_name(isa) << (random_bytes ? " random blocks" : " quantized") << " token "
+                  << tok << " row " << r;
             }
-            ASSERT_NEAR(y[static_cast<size_t>(tok * p.rows + r)], exact, 1e-5 * magnitude + 1e-6)
-                << dtype_name(t) << " " << isa_name(isa) << (random_bytes ? " random blocks" : " quantized") << " token "
-                << tok << " row " << r;
-          }
-        if (isa != Isa::kScalar) by_isa.push_back(y);
+          if (isa != Isa::kScalar) by_isa.push_back(y);
+        }
+        for (size_t i = 1; i < by_isa.size(); ++i)
+          EXPECT_EQ(std::memcmp(by_isa[i].data(), by_isa[0].data(), by_isa[0].size() * 4), 0)
+              << dtype_name(t) << " tokens " << tokens;
       }
-      for (size_t i = 1; i < by_isa.size(); ++i)
-        EXPECT_EQ(std::memcmp(by_isa[i].data(), by_isa[0].data(), by_isa[0].size() * 4), 0) << dtype_name(t);
     }
   }
 }
 
 // tandem's own quantizers: what a row dequantizes to is near the row, by a
 // bound on the RMS error relative to the row's RMS that the types' bits allow
-// (normal values; measured: q4_K 0.078, q5_K 0.038, q6_K 0.019, and with a
-// scale per 32: q4_0 0.085, q4_1 0.078, q5_0 0.043, q5_1 0.038, iq4_nl 0.080).
+// (normal values; measured: q2_K 0.333, q3_K 0.159, q4_K 0.078, q5_K 0.038,
+// q6_K 0.019, iq4_xs 0.081, and with a scale per 32: q4_0 0.085, q4_1 0.078,
+// q5_0 0.043, q5_1 0.038, iq4_nl 0.080).
 TEST(Kernels, LowBitQuantizersKeepTheRowsErrorSmall) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto [t, bound] : {std::pair{DType::kQ4_K, 0.09}, std::pair{DType::kQ5_K, 0.045}, std::pair{DType::kQ6_K, 0.025},
                           std::pair{DType::kQ4_0, 0.11}, std::pair{DType::kQ4_1, 0.1}, std::pair{DType::kQ5_0, 0.055},
-                          std::pair{DType::kQ5_1, 0.05}, std::pair{DType::kIQ4_NL, 0.1}}) {
+                          std::pair{DType::kQ5_1, 0.05}, std::pair{DType::kIQ4_NL, 0.1}, std::pair{DType::kQ2_K, 0.4},
+                          std::pair{DType::kQ3_K, 0.2}, std::pair{DType::kIQ4_XS, 0.1}}) {
     std::vector<float> x(4096), back(x.size());
     for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i < 2048 ? 1.0f : 0.01f);  // two magnitudes
     std::vector<uint8_t> q(dtype_row_bytes(t, 4096));

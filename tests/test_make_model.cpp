@@ -120,6 +120,19 @@ TEST(MakeModel, MixesChooseLlamaCppsPerTensorTypes) {
     EXPECT_EQ(f.tensor(pre + "ffn_down_exps.weight").type, l == 1 ? TensorType::Q6_K : TensorType::Q4_K);
   }
   std::filesystem::remove(path);
+  // qwen3next (8 experts, 4 layers, the last full attention): the delta
+  // layers' attn_qkv count as attn_v; ffn_down q6_K in layers 2 and 3 of 4.
+  o.arch = "qwen3next";
+  set_weight_type("q5_k_m", &o);
+  make_model(o, path);
+  const gguf::File g = gguf::File::open(path);
+  for (int l = 0; l < 4; ++l) {
+    const std::string pre = "blk." + std::to_string(l) + ".";
+    EXPECT_EQ(g.tensor(pre + (l == 3 ? "attn_v.weight" : "attn_qkv.weight")).type, TensorType::Q8_0) << l;
+    EXPECT_EQ(g.tensor(pre + "ffn_down_exps.weight").type, l >= 2 ? TensorType::Q6_K : TensorType::Q5_K) << l;
+  }
+  EXPECT_EQ(g.tensor("blk.3.attn_output.weight").type, TensorType::Q5_K);
+  std::filesystem::remove(path);
   EXPECT_THROW(set_weight_type("q3_k_m", &o), Error);
 }
 

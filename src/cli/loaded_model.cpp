@@ -24,9 +24,6 @@ LoadedModel load_model(const std::string& path, bool quiet, LoadOptions options)
   // milliseconds, before the weights are paged in and copied.
   m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*m.file));
   m.model = Model::load(m.file, options);
-  if (const std::string converted = m.model->converted_weights().summary(); !converted.empty() && !quiet)
-    std::fprintf(stderr, "tandem: %s at load: these types have no kernels yet, so they run at q8_0's speed and size\n",
-                 converted.c_str());
   m.load_seconds = sw.elapsed_s();
   return m;
 }

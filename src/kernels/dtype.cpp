@@ -24,6 +24,8 @@ constexpr DTypeTraits kTraits[kDTypeCount] = {
     {"q4_0", 32, 18, TensorType::Q4_0},     {"q4_1", 32, 20, TensorType::Q4_1},
     {"q5_0", 32, 22, TensorType::Q5_0},     {"q5_1", 32, 24, TensorType::Q5_1},
     {"iq4_nl", 32, 18, TensorType::IQ4_NL}, {"q5_k", 256, 176, TensorType::Q5_K},
+    {"q2_k", 256, 84, TensorType::Q2_K},    {"q3_k", 256, 110, TensorType::Q3_K},
+    {"iq4_xs", 256, 136, TensorType::IQ4_XS},
 };
 
 const DTypeTraits& traits(DType t) { return kTraits[static_cast<int>(t)]; }

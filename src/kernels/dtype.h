@@ -14,9 +14,10 @@ namespace tandem::kernels {
 
 // The float types serve weights and the KV cache; the rest are GGUF's weight
 // block types: q8_0 and the 32-element types of legacy_quants.h (q4_0, q4_1,
-// q5_0, q5_1, iq4_nl), and the 256-element K-quants of k_quants.h.
-enum class DType { kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ6_K, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL, kQ5_K };
-constexpr int kDTypeCount = static_cast<int>(DType::kQ5_K) + 1;
+// q5_0, q5_1, iq4_nl), and the 256-element types of k_quants.h (q2_K ...
+// q6_K, iq4_xs): every type GGUF files of the supported models use.
+enum class DType { kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ6_K, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL, kQ5_K, kQ2_K, kQ3_K, kIQ4_XS };
+constexpr int kDTypeCount = static_cast<int>(DType::kIQ4_XS) + 1;
 
 std::string dtype_name(DType t);
 // Elements of one block of the type (1 for the float types).

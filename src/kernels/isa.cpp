@@ -82,6 +82,9 @@ GemmFn gemm_for(const IsaKernels& k, DType t) {
     case DType::kQ5_1: return k.gemm_q5_1;
     case DType::kIQ4_NL: return k.gemm_iq4_nl;
     case DType::kQ5_K: return k.gemm_q5_k;
+    case DType::kQ2_K: return k.gemm_q2_k;
+    case DType::kQ3_K: return k.gemm_q3_k;
+    case DType::kIQ4_XS: return k.gemm_iq4_xs;
   }
   return nullptr;
 }

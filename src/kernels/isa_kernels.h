@@ -62,6 +62,9 @@ constexpr int64_t kFloatChunkBytes = 64;
 constexpr int64_t kQ8ChunkBytes = 34;
 // The other block types' rows interleave by whole blocks too (k_quants.h,
 // legacy_quants.h), as q8_0 rows do.
+constexpr int64_t kQ2KChunkBytes = 84;
+constexpr int64_t kQ3KChunkBytes = 110;
+constexpr int64_t kIQ4XSChunkBytes = 136;
 constexpr int64_t kQ4KChunkBytes = 144;
 constexpr int64_t kQ5KChunkBytes = 176;
 constexpr int64_t kQ6KChunkBytes = 210;
@@ -138,6 +141,9 @@ struct IsaKernels {
   GemmFn gemm_q5_1;
   GemmFn gemm_iq4_nl;
   GemmFn gemm_q5_k;
+  GemmFn gemm_q2_k;
+  GemmFn gemm_q3_k;
+  GemmFn gemm_iq4_xs;
   AttentionTileFn attention_tile;
   SiluMulFn silu_mul;
   NarrowFn narrow;

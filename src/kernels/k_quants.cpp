@@ -1,5 +1,7 @@
 #include "kernels/k_quants.h"
 
+#include "kernels/legacy_quants.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -40,9 +42,141 @@ void q6_k_values(const BlockQ6_K& b, uint8_t* q) {
   }
 }
 
+void q3_k_scales(const BlockQ3_K& b, int8_t* scales) {
+  for (int i = 0; i < 16; ++i) {
+    const int low = (b.scales[i % 8] >> (4 * (i / 8))) & 0x0F;
+    const int high = (b.scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+    scales[i] = static_cast<int8_t>((low | (high << 4)) - 32);
+  }
+}
+
+namespace {
+
+// Element 128 c + 32 j + l of a 2-bit plane (see BlockQ2_K).
+template <typename Code>
+void two_bit_plane(const uint8_t* qs, uint8_t* q, Code code) {
+  for (int c = 0; c < 2; ++c)
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 32; ++l) q[128 * c + 32 * j + l] = code(c, j, l, (qs[32 * c + l] >> (2 * j)) & 3);
+}
+
+}  // namespace
+
+void q2_k_values(const BlockQ2_K& b, uint8_t* q) {
+  two_bit_plane(b.qs, q, [](int, int, int, int v) { return static_cast<uint8_t>(v); });
+}
+
+void q3_k_values(const BlockQ3_K& b, uint8_t* q) {
+  two_bit_plane(b.qs, q, [&b](int c, int j, int l, int v) {
+    return static_cast<uint8_t>(v | (((b.hmask[l] >> (4 * c + j)) & 1) << 2));
+  });
+}
+
+void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q) {
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 16; ++i) {
+      q[32 * j + i] = b.qs[16 * j + i] & 0x0F;
+      q[32 * j + 16 + i] = b.qs[16 * j + i] >> 4;
+    }
+}
+
 namespace {
 
 int nearest(float v) { return static_cast<int>(std::lround(v)); }
+
+// The signed value of largest magnitude among x[0..n).
+float extreme_of(const float* x, int n) {
+  float e = 0.0f;
+  for (int i = 0; i < n; ++i)
+    if (std::fabs(x[i]) > std::fabs(e)) e = x[i];
+  return e;
+}
+
+// Packs codes q[256] (2 bits, and for q3_K a third) into a 2-bit plane.
+void pack_two_bit_plane(const uint8_t* q, uint8_t* qs) {
+  std::memset(qs, 0, 64);
+  for (int c = 0; c < 2; ++c)
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 32; ++l) qs[32 * c + l] = static_cast<uint8_t>(qs[32 * c + l] | ((q[128 * c + 32 * j + l] & 3) << (2 * j)));
+}
+
+void quantize_block_q2_k(const float* x, BlockQ2_K& b) {
+  float scale[16], min[16];
+  for (int i = 0; i < 16; ++i) {
+    const float* s = x + 16 * i;
+    const float lo = std::min(0.0f, *std::min_element(s, s + 16));
+    scale[i] = (*std::max_element(s, s + 16) - lo) / 3.0f;
+    min[i] = -lo;
+  }
+  b.d = f32_to_f16(*std::max_element(scale, scale + 16) / 15.0f);
+  b.dmin = f32_to_f16(*std::max_element(min, min + 16) / 15.0f);
+  const float dq = f16_to_f32(b.d), dminq = f16_to_f32(b.dmin);
+  uint8_t q[256];
+  for (int i = 0; i < 16; ++i) {
+    const int sc = dq > 0 ? std::clamp(nearest(scale[i] / dq), 0, 15) : 0;
+    const int mn = dminq > 0 ? std::clamp(nearest(min[i] / dminq), 0, 15) : 0;
+    b.scales[i] = static_cast<uint8_t>(sc | (mn << 4));
+    const float step = dq * sc, offset = dminq * mn;
+    for (int l = 0; l < 16; ++l)
+      q[16 * i + l] = static_cast<uint8_t>(step > 0 ? std::clamp(nearest((x[16 * i + l] + offset) / step), 0, 3) : 0);
+  }
+  pack_two_bit_plane(q, b.qs);
+}
+
+void quantize_block_q3_k(const float* x, BlockQ3_K& b) {
+  // Per 16 values the extreme maps to -4 (the end of [-4, 3] with more
+  // room), and the extreme scale to -32.
+  float scale[16];
+  for (int i = 0; i < 16; ++i) scale[i] = extreme_of(x + 16 * i, 16) / -4.0f;
+  b.d = f32_to_f16(extreme_of(scale, 16) / -32.0f);
+  const float dq = f16_to_f32(b.d);
+  uint8_t q[256];
+  int s[16];
+  for (int i = 0; i < 16; ++i) {
+    s[i] = dq != 0 ? std::clamp(nearest(scale[i] / dq), -32, 31) : 0;
+    const float step = dq * static_cast<float>(s[i]);
+    for (int l = 0; l < 16; ++l)
+      q[16 * i + l] = static_cast<uint8_t>((step != 0 ? std::clamp(nearest(x[16 * i + l] / step), -4, 3) : 0) + 4);
+  }
+  std::memset(b.scales, 0, sizeof b.scales);
+  for (int i = 0; i < 16; ++i) {
+    const int u = s[i] + 32;
+    b.scales[i % 8] = static_cast<uint8_t>(b.scales[i % 8] | ((u & 0x0F) << (4 * (i / 8))));
+    b.scales[8 + i % 4] = static_cast<uint8_t>(b.scales[8 + i % 4] | ((u >> 4) << (2 * (i / 4))));
+  }
+  pack_two_bit_plane(q, b.qs);
+  std::memset(b.hmask, 0, sizeof b.hmask);
+  for (int c = 0; c < 2; ++c)
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 32; ++l)
+        b.hmask[l] = static_cast<uint8_t>(b.hmask[l] | (((q[128 * c + 32 * j + l] >> 2) & 1) << (4 * c + j)));
+}
+
+void quantize_block_iq4_xs(const float* x, BlockIQ4_XS& b) {
+  float scale[8];
+  for (int j = 0; j < 8; ++j) scale[j] = extreme_of(x + 32 * j, 32) / static_cast<float>(kIq4NlLevels[0]);
+  b.d = f32_to_f16(extreme_of(scale, 8) / -32.0f);
+  const float dq = f16_to_f32(b.d);
+  b.scales_h = 0;
+  std::memset(b.scales_l, 0, sizeof b.scales_l);
+  for (int j = 0; j < 8; ++j) {
+    const int ls = (dq != 0 ? std::clamp(nearest(scale[j] / dq), -32, 31) : 0) + 32;
+    b.scales_l[j / 2] = static_cast<uint8_t>(b.scales_l[j / 2] | ((ls & 0x0F) << (4 * (j % 2))));
+    b.scales_h = static_cast<uint16_t>(b.scales_h | ((ls >> 4) << (2 * j)));
+    const float step = dq * static_cast<float>(ls - 32);
+    for (int i = 0; i < 16; ++i) {
+      int code[2];
+      for (int h = 0; h < 2; ++h) {
+        const float v = x[32 * j + 16 * h + i];
+        int best = 0;
+        for (int k = 1; k < 16; ++k)
+          if (std::fabs(step * kIq4NlLevels[k] - v) < std::fabs(step * kIq4NlLevels[best] - v)) best = k;
+        code[h] = best;
+      }
+      b.qs[16 * j + i] = static_cast<uint8_t>(code[0] | (code[1] << 4));
+    }
+  }
+}
 
 // The scales, mins and values q of a q4_K or q5_K block with `levels` levels.
 template <typename Block>
@@ -145,5 +279,10 @@ void quantize_row(const float* x, uint8_t* out, int64_t n) {
 void quantize_row_q4_k(const float* x, uint8_t* out, int64_t n) { quantize_row<BlockQ4_K, quantize_block_q4_k>(x, out, n); }
 void quantize_row_q5_k(const float* x, uint8_t* out, int64_t n) { quantize_row<BlockQ5_K, quantize_block_q5_k>(x, out, n); }
 void quantize_row_q6_k(const float* x, uint8_t* out, int64_t n) { quantize_row<BlockQ6_K, quantize_block_q6_k>(x, out, n); }
+void quantize_row_q2_k(const float* x, uint8_t* out, int64_t n) { quantize_row<BlockQ2_K, quantize_block_q2_k>(x, out, n); }
+void quantize_row_q3_k(const float* x, uint8_t* out, int64_t n) { quantize_row<BlockQ3_K, quantize_block_q3_k>(x, out, n); }
+void quantize_row_iq4_xs(const float* x, uint8_t* out, int64_t n) {
+  quantize_row<BlockIQ4_XS, quantize_block_iq4_xs>(x, out, n);
+}
 
 }  // namespace tandem::kernels

@@ -1,10 +1,11 @@
-// GGUF's K-quant weight blocks that tandem computes with natively (q4_K,
-// q5_K and q6_K: 256 elements per block), the unpacking every kernel variant
-// shares, and tandem's own quantizers for them (make-model, tests).
+// GGUF's weight blocks of 256 elements (q2_K, q3_K, q4_K, q5_K, q6_K and
+// iq4_xs), the unpacking every kernel variant shares, and tandem's own
+// quantizers for them (make-model, tests).
 //
 // They multiply activations quantized to q8_0 blocks of 32 (float scale,
-// BlockQ8_0Act), as q8_0 weights do: a q4_K or q5_K sub-block of 32 is one
-// activation block, a q6_K block's 16 scales pair up over eight of them. The
+// BlockQ8_0Act), as q8_0 weights do: a q4_K, q5_K or iq4_xs sub-block of 32
+// is one activation block; the 16-element sub-blocks of q2_K, q3_K and q6_K
+// pair up over one. The
 // product per activation block is an exact integer sum, so every variant
 // computes the same integers and differs only in its float steps.
 #pragma once
@@ -48,6 +49,48 @@ struct BlockQ6_K {
 };
 static_assert(sizeof(BlockQ6_K) == 210);
 
+// q2_K, q3_K and q6_K share an element order in each half of 128: byte
+// 32 c + l of a 2-bit plane holds, at bits 2 j, element 128 c + 32 j + l
+// (l < 32), whose 16-element sub-block is 8 c + 2 j + l / 16.
+//
+// q2_K: d * (scales[i] & 15) * q - dmin * (scales[i] >> 4), q in [0, 3].
+struct BlockQ2_K {
+  uint8_t scales[16];
+  uint8_t qs[64];
+  uint16_t d;
+  uint16_t dmin;
+};
+static_assert(sizeof(BlockQ2_K) == 84);
+
+// q3_K: d * (s_i - 32) * q, q in [-4, 3]: the 2 low bits in qs, and q - 4
+// unless bit 4 c + j of hmask[l] is set; the 16 6-bit scales s packed in 12
+// bytes (q3_k_scales).
+struct BlockQ3_K {
+  uint8_t hmask[32];
+  uint8_t qs[64];
+  uint8_t scales[12];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ3_K) == 110);
+
+// iq4_xs: 8 iq4_nl blocks of 32 (qs[16 j ..], low nibbles the first 16
+// elements) under one d, each with a 6-bit scale ls_j (iq4_xs_scale):
+// d * (ls_j - 32) * kIq4NlLevels[q].
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[4];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockIQ4_XS) == 136);
+
+// The 16 scales s - 32 of a q3_K block.
+void q3_k_scales(const BlockQ3_K& b, int8_t* scales);
+// ls_j - 32 of iq4_xs sub-block j.
+inline int iq4_xs_scale(const BlockIQ4_XS& b, int j) {
+  return (((b.scales_l[j / 2] >> (4 * (j % 2))) & 0x0F) | (((b.scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
 // The 6-bit scale and min of q4_K sub-block j (0..7).
 inline void q4_k_scale_min(const uint8_t* scales, int j, uint8_t* scale, uint8_t* min) {
   if (j < 4) {
@@ -64,6 +107,11 @@ void q4_k_values(const BlockQ4_K& b, uint8_t* q);
 void q5_k_values(const BlockQ5_K& b, uint8_t* q);
 // The 256 values q (0..63, before the - 32) of a q6_K block in element order.
 void q6_k_values(const BlockQ6_K& b, uint8_t* q);
+// The 256 codes of a q2_K (q 0..3), q3_K (q + 4, 0..7) or iq4_xs (the level
+// index, 0..15) block in element order.
+void q2_k_values(const BlockQ2_K& b, uint8_t* q);
+void q3_k_values(const BlockQ3_K& b, uint8_t* q);
+void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 
 // tandem's quantizers (n a multiple of 256): per sub-block the scale (and,
 // for q4_K and q5_K, the min) that spans its values, then the block's scales quantized
@@ -72,5 +120,8 @@ void q6_k_values(const BlockQ6_K& b, uint8_t* q);
 void quantize_row_q4_k(const float* x, uint8_t* out, int64_t n);
 void quantize_row_q5_k(const float* x, uint8_t* out, int64_t n);
 void quantize_row_q6_k(const float* x, uint8_t* out, int64_t n);
+void quantize_row_q2_k(const float* x, uint8_t* out, int64_t n);
+void quantize_row_q3_k(const float* x, uint8_t* out, int64_t n);
+void quantize_row_iq4_xs(const float* x, uint8_t* out, int64_t n);
 
 }  // namespace tandem::kernels

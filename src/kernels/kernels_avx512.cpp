@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "kernels/gemm_driver.h"
@@ -548,6 +549,76 @@ struct DotLanes {
   static __m256i lanes(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 };
 
+// The 32-element types' decode tile: two rows per zmm (one per 256-bit
+// half) against the token's block broadcast to both. vpdpbusd multiplies
+// the unsigned codes, and code . x - offset * sum(x) is exactly the lane sums
+// of the shared tile's w . x; the float steps per half are the shared tile's
+// too (d * dx, then the min's m * dx), so the results are bitwise those of
+// tile_legacy (and of AVX2), in about half the instructions per row.
+template <typename F, int R>
+inline void tile_legacy_rows(const GemmArgs& a, int64_t r0, int64_t t0) {
+  static_assert(R % 2 == 0 && (F::kOffset == 0 || std::has_single_bit(static_cast<unsigned>(F::kOffset))));
+  __m512 acc[R / 2];
+  for (int p = 0; p < R / 2; ++p) acc[p] = _mm512_setzero_ps();
+  const uint8_t* w[R];
+  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, F::kBytes);
+  const BlockQ8_0Act* x = a.xq + t0 * a.ldxq;
+  const int64_t n_blocks = a.k / 32;
+  const int64_t stride = F::kBytes * a.w_group;
+  const __m512i ones = _mm512_set1_epi8(1);
+  // Lanes 0-7 take the first row's scale, lanes 8-15 the second's.
+  const __m512i pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const auto pair_f16 = [&](const uint8_t* p0, const uint8_t* p1) {
+    uint16_t h0, h1;
+    std::memcpy(&h0, p0, 2);
+    std::memcpy(&h1, p1, 2);
+    const __m128i pair = _mm_insert_epi16(_mm_cvtsi32_si128(h0), h1, 1);
+    return _mm512_permutexvar_ps(pair_lanes, _mm512_castps128_ps512(_mm_cvtph_ps(pair)));
+  };
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    if constexpr (R == 8)
+      if (b % 4 == 0) prefetch_block(w[0] + b * stride, kLegacyPrefetchBlocks * stride, 4 * stride);
+    const __m512i xv = _mm512_broadcast_i64x4(load_x(x[b]));
+    const __m512i xsum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, xv);
+    // offset * sum(x): the offsets are powers of two.
+    [[maybe_unused]] const __m512i xoff = _mm512_slli_epi32(xsum, std::countr_zero(static_cast<unsigned>(F::kOffset)));
+    const __m512 dx = _mm512_set1_ps(x[b].d);
+    for (int p = 0; p < R / 2; ++p) {
+      const uint8_t* b0 = w[2 * p] + b * stride;
+      const uint8_t* b1 = w[2 * p + 1] + b * stride;
+      const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(F::codes(b0)), F::codes(b1), 1);
+      __m512i lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xv);
+      if constexpr (F::kOffset != 0) lanes = _mm512_sub_epi32(lanes, xoff);
+      acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), _mm512_mul_ps(pair_f16(b0, b1), dx), acc[p]);
+      if constexpr (F::kMin)
+        acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(xsum), _mm512_mul_ps(pair_f16(b0 + 2, b1 + 2), dx), acc[p]);
+    }
+  }
+  for (int p = 0; p < R / 2; ++p) {
+    a.y[t0 * a.ldy + r0 + 2 * p] = hsum256(_mm512_castps512_ps256(acc[p]));
+    a.y[t0 * a.ldy + r0 + 2 * p + 1] = hsum256(_mm512_extractf32x8_ps(acc[p], 1));
+  }
+}
+
+template <typename F>
+struct LegacyTile512 {
+  template <int R, int T>
+  struct Fn {
+    static void run(const GemmArgs& a, int64_t r, int64_t t) {
+      if constexpr (T == 1 && R % 2 == 0) {
+        tile_legacy_rows<F, R>(a, r, t);
+      } else {
+        tile_legacy<DotLanes, F, R, T>(a, r, t);
+      }
+    }
+  };
+};
+
+template <typename F>
+void gemm_legacy512(const GemmArgs& a, int64_t b, int64_t e) {
+  gemm_driver<LegacyTile512<F>::template Fn, kKQuantPlan>(a, b, e);
+}
+
 }  // namespace
 
 const IsaKernels kAvx512Kernels = {
@@ -556,13 +627,16 @@ const IsaKernels kAvx512Kernels = {
     gemm_bf16,
     gemm_q8_0,
     gemm_q4_k<DotLanes>,
-    gemm_q6_k,
-    gemm_legacy<DotLanes, Q4_0Format>,
-    gemm_legacy<DotLanes, Q4_1Format>,
-    gemm_legacy<DotLanes, Q5_0Format>,
-    gemm_legacy<DotLanes, Q5_1Format>,
-    gemm_legacy<DotLanes, IQ4NLFormat>,
+    gemm_q16_k<Q6KUnpack>,
+    gemm_legacy512<Q4_0Format>,
+    gemm_legacy512<Q4_1Format>,
+    gemm_legacy512<Q5_0Format>,
+    gemm_legacy512<Q5_1Format>,
+    gemm_legacy512<IQ4NLFormat>,
     gemm_q5_k<DotLanes>,
+    gemm_q16_k<Q2KUnpack>,
+    gemm_q16_k<Q3KUnpack>,
+    gemm_iq4_xs<DotLanes>,
     attention_tile_vec,
     silu_mul_vec,
     Vec::narrow,

@@ -142,6 +142,40 @@ void gemm_q6_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
       });
 }
 
+// q2_K: d * scale * q - dmin * min per 16-element half of the block.
+void gemm_q2_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  gemm_k_quant<BlockQ2_K, kQ2KChunkBytes, q2_k_values>(
+      a, row_begin, row_end, [](const BlockQ2_K& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
+        int32_t dot = 0, mins = 0;
+        for (int i = 0; i < 32; ++i) {
+          const uint8_t sm = wb.scales[2 * j + i / 16];
+          dot += (sm & 0x0F) * q[32 * j + i] * x.qs[i];
+          mins += (sm >> 4) * x.qs[i];
+        }
+        return static_cast<float>(dot) * (f16_to_f32(wb.d) * x.d) - static_cast<float>(mins) * (f16_to_f32(wb.dmin) * x.d);
+      });
+}
+
+void gemm_q3_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  gemm_k_quant<BlockQ3_K, kQ3KChunkBytes, q3_k_values>(
+      a, row_begin, row_end, [](const BlockQ3_K& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
+        int8_t scales[16];
+        q3_k_scales(wb, scales);
+        int32_t dot = 0;
+        for (int i = 0; i < 32; ++i) dot += scales[2 * j + i / 16] * (q[32 * j + i] - 4) * x.qs[i];
+        return static_cast<float>(dot) * (f16_to_f32(wb.d) * x.d);
+      });
+}
+
+void gemm_iq4_xs(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  gemm_k_quant<BlockIQ4_XS, kIQ4XSChunkBytes, iq4_xs_values>(
+      a, row_begin, row_end, [](const BlockIQ4_XS& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
+        int32_t dot = 0;
+        for (int i = 0; i < 32; ++i) dot += kIq4NlLevels[q[32 * j + i]] * x.qs[i];
+        return static_cast<float>(dot) * (f16_to_f32(wb.d) * static_cast<float>(iq4_xs_scale(wb, j)) * x.d);
+      });
+}
+
 // The vector type of vector_algorithms.h: one float, std::exp.
 struct Vec {
   using V = float;
@@ -182,6 +216,7 @@ const IsaKernels kScalarKernels = {
     gemm_plain<load_f32, 4>,     gemm_plain<load_f16, 2>,     gemm_plain<load_bf16, 2>, gemm_q8_0,
     gemm_q4_k,                   gemm_q6_k,                   gemm_legacy<DType::kQ4_0>, gemm_legacy<DType::kQ4_1>,
     gemm_legacy<DType::kQ5_0>,   gemm_legacy<DType::kQ5_1>,   gemm_legacy<DType::kIQ4_NL>, gemm_q5_k,
+    gemm_q2_k,                   gemm_q3_k,                   gemm_iq4_xs,
     attention_tile_vec,          silu_mul_vec,                Vec::narrow,              delta_rule_vec,
 };
 

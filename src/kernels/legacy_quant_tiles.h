@@ -1,7 +1,7 @@
 // The GEMM tiles of the 32-element block types (legacy_quants.h: q4_0, q4_1,
 // q5_0, q5_1, iq4_nl), shared by the AVX2 and AVX-512 variants: included by
-// each after k_quant_tiles.h, inside its own anonymous namespace (see
-// gemm_driver.h), with the same DotLanes policy.
+// each after k_quant_tiles.h (whose helpers it uses), inside its own
+// anonymous namespace (see gemm_driver.h), with the same DotLanes policy.
 //
 // A block unpacks to 32 int8 values w in one vector. Per activation block
 // the product sum(w x) is an exact int32 sum in eight lanes (the symmetric
@@ -18,17 +18,11 @@
 
 #include "kernels/gemm_driver.h"
 #include "kernels/isa_kernels.h"
+#include "kernels/k_quant_tiles.h"
 #include "kernels/legacy_quants.h"
 
 namespace tandem::kernels {
 namespace {  // NOLINT(google-build-namespaces): see gemm_driver.h
-
-// The 16 bytes of nibbles as 32 bytes: element j's nibble in byte j.
-inline __m256i nibbles32(const uint8_t* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i low = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
-}
 
 // Bit j of the 4 bytes at qh as 0x10 in byte j (bit 4 of element j).
 inline __m256i fifth_bits32(const uint8_t* qh) {
@@ -42,37 +36,54 @@ inline __m256i fifth_bits32(const uint8_t* qh) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-// The formats: block bytes, whether a min follows d, and the values w.
+// iq4_nl's levels + 128 (all in [1, 241]): unsigned codes whose offset is 128.
+inline constexpr uint8_t kIq4NlBiasedLevels[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+
+// The formats: block bytes, whether a min follows d, and the block's values
+// as unsigned codes (w = code - kOffset; the types with a min have no offset).
 struct Q4_0Format {
   static constexpr int64_t kBytes = sizeof(BlockQ4_0);
   static constexpr bool kMin = false;
-  static __m256i values(const uint8_t* b) { return _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8)); }
+  static constexpr int kOffset = 8;
+  static __m256i codes(const uint8_t* b) { return nibbles32(b + 2); }
 };
 struct Q4_1Format {
   static constexpr int64_t kBytes = sizeof(BlockQ4_1);
   static constexpr bool kMin = true;
-  static __m256i values(const uint8_t* b) { return nibbles32(b + 4); }
+  static constexpr int kOffset = 0;
+  static __m256i codes(const uint8_t* b) { return nibbles32(b + 4); }
 };
 struct Q5_0Format {
   static constexpr int64_t kBytes = sizeof(BlockQ5_0);
   static constexpr bool kMin = false;
-  static __m256i values(const uint8_t* b) {
-    return _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), fifth_bits32(b + 2)), _mm256_set1_epi8(16));
-  }
+  static constexpr int kOffset = 16;
+  static __m256i codes(const uint8_t* b) { return _mm256_or_si256(nibbles32(b + 6), fifth_bits32(b + 2)); }
 };
 struct Q5_1Format {
   static constexpr int64_t kBytes = sizeof(BlockQ5_1);
   static constexpr bool kMin = true;
-  static __m256i values(const uint8_t* b) { return _mm256_or_si256(nibbles32(b + 8), fifth_bits32(b + 4)); }
+  static constexpr int kOffset = 0;
+  static __m256i codes(const uint8_t* b) { return _mm256_or_si256(nibbles32(b + 8), fifth_bits32(b + 4)); }
 };
 struct IQ4NLFormat {
   static constexpr int64_t kBytes = sizeof(BlockIQ4_NL);
   static constexpr bool kMin = false;
-  static __m256i values(const uint8_t* b) {
-    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlLevels));
+  static constexpr int kOffset = 128;
+  static __m256i codes(const uint8_t* b) {
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlBiasedLevels));
     return _mm256_shuffle_epi8(_mm256_set_m128i(levels, levels), nibbles32(b + 2));
   }
 };
+
+// The signed values w of a block (the types with a min: its codes, >= 0).
+template <typename F>
+inline __m256i legacy_values(const uint8_t* b) {
+  if constexpr (F::kOffset == 0) {
+    return F::codes(b);
+  } else {
+    return _mm256_sub_epi8(F::codes(b), _mm256_set1_epi8(static_cast<char>(F::kOffset)));
+  }
+}
 
 inline float f16_at(const uint8_t* p) {
   uint16_t h;
@@ -109,7 +120,7 @@ inline void tile_legacy(const GemmArgs& a, int64_t r0, int64_t t0) {
     }
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w[r] + b * stride;
-      const __m256i q = F::values(blk);
+      const __m256i q = legacy_values<F>(blk);
       const float d = f16_at(blk);
       if constexpr (F::kMin) {
         const float m = f16_at(blk + 2);

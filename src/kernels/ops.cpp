@@ -149,6 +149,9 @@ void convert_row(const float* x, DType t, uint8_t* out, int64_t n) {
     case DType::kQ4_K: quantize_row_q4_k(x, out, n); return;
     case DType::kQ5_K: quantize_row_q5_k(x, out, n); return;
     case DType::kQ6_K: quantize_row_q6_k(x, out, n); return;
+    case DType::kQ2_K: quantize_row_q2_k(x, out, n); return;
+    case DType::kQ3_K: quantize_row_q3_k(x, out, n); return;
+    case DType::kIQ4_XS: quantize_row_iq4_xs(x, out, n); return;
     case DType::kQ4_0:
     case DType::kQ4_1:
     case DType::kQ5_0:

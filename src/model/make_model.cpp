@@ -99,6 +99,9 @@ uint32_t file_type(DType t, QuantMix mix) {
     case DType::kQ5_K: return 17;  // MOSTLY_Q5_K_M, likewise
     case DType::kQ6_K: return 18;
     case DType::kIQ4_NL: return 25;
+    case DType::kQ2_K: return 10;
+    case DType::kQ3_K: return 11;  // MOSTLY_Q3_K_S: the closest ftype of a file all q3_K
+    case DType::kIQ4_XS: return 30;
     case DType::kBF16: return 32;
   }
   return 0;
@@ -109,7 +112,11 @@ uint32_t file_type(DType t, QuantMix mix) {
 // the same size), then f16.
 DType fallback_type(DType t, int64_t cols) {
   if (cols % kernels::dtype_block_elements(t) == 0) return t;
-  const DType smaller = t == DType::kQ4_K ? DType::kQ5_0 : t == DType::kQ5_K ? DType::kQ5_1 : DType::kQ8_0;
+  DType smaller = DType::kQ8_0;  // q6_K, and q8_0 itself (then f16)
+  if (t == DType::kQ2_K || t == DType::kQ3_K) smaller = DType::kQ4_0;
+  if (t == DType::kQ4_K) smaller = DType::kQ5_0;
+  if (t == DType::kQ5_K) smaller = DType::kQ5_1;
+  if (t == DType::kIQ4_XS) smaller = DType::kIQ4_NL;
   return cols % kernels::dtype_block_elements(smaller) == 0 ? smaller : DType::kF16;
 }
 
@@ -119,28 +126,31 @@ bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 ||
 
 // Where a tensor sits, for a mix's choice.
 struct MixPlace {
-  int64_t n_attn_v = 0, n_ffn_down = 0;  // tensors of each kind in the file
+  int64_t n_layer = 0;
   int64_t n_expert = 0;
   bool tied_embeddings = false;
 };
 
-// The type llama.cpp's quantizer gives tensor `name` of a q4_k_m / q5_k_m
-// file of base type `base`, before the fallback; i_attn_v and i_ffn_down
-// count the tensors of those kinds before this one (llama.cpp's counters; a
-// MoE file's ffn_down index is its layer).
-DType mix_type(QuantMix mix, DType base, const std::string& name, const MixPlace& p, int64_t i_attn_v,
-               int64_t i_ffn_down) {
-  const bool q4 = mix == QuantMix::kQ4_K_M;
+// Whether a tensor is one llama.cpp counts as attn_v (the delta-net's fused
+// attn_qkv is one too).
+bool attn_v_like(const std::string& name) {
+  return name.find("attn_v.weight") != std::string::npos || name.find("attn_qkv.weight") != std::string::npos;
+}
+
+// The type llama.cpp's quantizer (3f545becc) gives tensor `name` of a q4_k_m
+// / q5_k_m file of base type `base`, before the fallback. i_attn_v counts the
+// attn_v-like tensors before this one in layer order; ffn_down's index is
+// its layer, out of n_layer, as llama.cpp counts them.
+DType mix_type(QuantMix mix, DType base, const std::string& name, const MixPlace& p, int64_t i_attn_v, int64_t layer) {
   const auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
   if (name == "output.weight" || (p.tied_embeddings && name == "token_embd.weight")) return DType::kQ6_K;
-  if (has("attn_v.weight")) {
+  if (attn_v_like(name)) {
     if (p.n_expert == 8) return DType::kQ8_0;
-    return use_more_bits(i_attn_v, p.n_attn_v) ? DType::kQ6_K : base;
+    return use_more_bits(i_attn_v, p.n_layer) ? DType::kQ6_K : base;
   }
   if (has("attn_k.weight") && p.n_expert == 8) return DType::kQ8_0;
-  if (has("attn_output.weight") && p.n_expert == 8 && q4) return DType::kQ5_K;
-  if (has("attn_qkv.weight")) return q4 ? DType::kQ5_K : DType::kQ6_K;
-  if (has("ffn_down")) return use_more_bits(i_ffn_down, p.n_ffn_down) ? DType::kQ6_K : base;
+  if (has("attn_output.weight") && p.n_expert == 8 && mix == QuantMix::kQ4_K_M) return DType::kQ5_K;
+  if (has("ffn_down")) return use_more_bits(layer, p.n_layer) ? DType::kQ6_K : base;
   return base;
 }
 
@@ -158,10 +168,9 @@ class Builder {
     DType dtype = type.value_or(dtype_);
     if (!type && mix_ != QuantMix::kNone) {
       const int64_t layer = name.rfind("blk.", 0) == 0 ? std::stoll(name.substr(4)) : 0;
-      dtype = mix_type(mix_, dtype_, name, place_, i_attn_v_, place_.n_expert > 1 ? layer : i_ffn_down_);
+      dtype = mix_type(mix_, dtype_, name, place_, i_attn_v_, layer);
     }
-    if (name.find("attn_v.weight") != std::string::npos) ++i_attn_v_;
-    if (name.find("ffn_down") != std::string::npos) ++i_ffn_down_;
+    if (attn_v_like(name)) ++i_attn_v_;
     dtype = fallback_type(dtype, cols);
     Rng rng{fnv1a(name, seed_)};
     const float amp = std_dev * std::sqrt(3.0f);
@@ -195,7 +204,7 @@ class Builder {
   DType dtype_;
   QuantMix mix_;
   MixPlace place_;
-  int64_t i_attn_v_ = 0, i_ffn_down_ = 0;
+  int64_t i_attn_v_ = 0;
 };
 
 }  // namespace
@@ -305,14 +314,7 @@ void make_model(const MakeModelOptions& o, const std::string& path) {
   // Scales keep activations near unit size through the residual stream and
   // make the logits peaked (std ~6), so greedy decoding is robust to rounding
   // differences between implementations.
-  MixPlace place;
-  place.n_expert = moe ? p.n_expert : 0;
-  place.tied_embeddings = p.tied_embeddings;
-  for (int64_t l = 0; l < p.n_layer; ++l) {
-    const bool attention = !hybrid || (l + 1) % p.full_attention_interval == 0;
-    place.n_attn_v += attention ? 1 : 0;
-    place.n_ffn_down += hybrid ? 2 : 1;  // qwen3next: the routed and the shared experts'
-  }
+  const MixPlace place{p.n_layer, moe ? p.n_expert : 0, p.tied_embeddings};
   Builder b(w, o.seed, o.dtype, o.mix, place);
   const auto inv_sqrt = [](int64_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
   const float out_std = 6.0f * inv_sqrt(p.n_embd);

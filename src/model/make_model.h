@@ -37,8 +37,9 @@ std::vector<std::string> preset_names();
 // A per-tensor type choice on top of the model's type, as llama.cpp's
 // quantizer makes for its file types (llama_tensor_get_type): q4_k_m and
 // q5_k_m give the output matrix (the token embedding when tied) q6_K, and
-// attn_v and ffn_down q6_K in the layers use_more_bits picks (the first and
-// last eighths and every third between).
+// attn_v (and the delta-net's attn_qkv) and ffn_down q6_K in the layers
+// use_more_bits picks (the first and last eighths and every third between);
+// with 8 experts attn_k and attn_v q8_0, and (q4_k_m) attn_output q5_K.
 enum class QuantMix { kNone, kQ4_K_M, kQ5_K_M };
 
 struct MakeModelOptions {

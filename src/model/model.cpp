@@ -45,7 +45,6 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
   m->file_ = std::move(file);
   m->config_ = ModelConfig::from_gguf(f);
   check_tensor_types(f);
-  const WeightConversionScope conversion(m->converted_);
   const ModelConfig& c = m->config_;
 
   m->token_embd_ = weight_matrix(f, "token_embd.weight", c.n_embd, c.n_vocab);
@@ -135,18 +134,12 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
     copied.push_back(x->data);
   }
   std::sort(copied.begin(), copied.end());
-  // Converted tensors were read once to convert them: their file pages are not needed again.
-  std::vector<const uint8_t*> converted_sources = m->converted_.sources;
-  std::sort(converted_sources.begin(), converted_sources.end());
-  for (const gguf::TensorInfo& t : f.tensors())
-    if (std::binary_search(converted_sources.begin(), converted_sources.end(), t.data)) f.drop_pages(t.data, t.n_bytes);
   // The rest of the tensors are paged in afterwards (interleaving reads the matrices).
   std::vector<std::pair<const uint8_t*, uint64_t>> rest;
   uint64_t rest_bytes = 0;
   if (options.prefault) {
     for (const gguf::TensorInfo& t : f.tensors()) {
       if (std::binary_search(copied.begin(), copied.end(), t.data)) continue;
-      if (std::binary_search(converted_sources.begin(), converted_sources.end(), t.data)) continue;
       if (std::find(sharded_tensors.begin(), sharded_tensors.end(), t.data) != sharded_tensors.end()) continue;
       rest.emplace_back(t.data, t.n_bytes);
       rest_bytes += t.n_bytes;
@@ -161,7 +154,6 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
       *x = kernels::interleave_rows(plain, m->interleaved_.data() + offset);
       offset += matrix_bytes(plain);
       f.drop_pages(plain.data, matrix_bytes(plain));
-      m->converted_.release(plain.data);  // a converted matrix's q8_0 copy, now interleaved
       if (options.progress) options.progress(offset, total);
     }
   }

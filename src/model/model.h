@@ -81,8 +81,8 @@ class Model {
  public:
   // Loads from a parsed GGUF file (kept alive by the model). Throws
   // tandem::Error for an unsupported architecture, a missing tensor, a shape
-  // mismatch or a tensor type other than f32, f16, bf16 or q8_0 and the
-  // quant types it converts to q8_0 (weights.h, ConvertedWeights).
+  // mismatch or a tensor type the kernels do not compute with
+  // (kernels::DType).
   static std::unique_ptr<Model> load(std::shared_ptr<const gguf::File> file, const LoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
@@ -94,8 +94,6 @@ class Model {
   uint64_t interleaved_bytes() const { return interleaved_.size(); }
   // The main weight dtype (of the first attention layer's Q projection), for reports.
   kernels::DType weight_dtype() const;
-  // What was converted to q8_0 at load (types without kernels yet).
-  const ConvertedWeights& converted_weights() const { return converted_; }
 
   // A KV pool shape for this model: its attention layers' KV and, for a
   // hybrid model, n_state_slots recurrent-state slots (one per live sequence).
@@ -140,7 +138,6 @@ class Model {
   std::vector<Layer> layers_;
   uint64_t weight_bytes_per_step_ = 0;
   AnonymousMemory interleaved_;  // the interleaved matrices, when LoadOptions::interleave_weights
-  ConvertedWeights converted_;   // matrices converted to q8_0 that were not interleaved
   OpProfile* profile_ = nullptr;
   ExpertExchange* experts_exchange_ = nullptr;
   TensorShards shards_;  // size 1: not split
