@@ -600,6 +600,81 @@ inline void tile_legacy_rows(const GemmArgs& a, int64_t r0, int64_t t0) {
   }
 }
 
+// The 32-element types' prompt tile: tokens in pairs, one per 256-bit half,
+// against the row's codes broadcast to both; an odd last token takes a
+// 256-bit step of the same arithmetic. Per token the same int32 lanes and
+// float steps as tile_legacy, so bitwise its results.
+template <typename F, int R, int T>
+inline void tile_legacy_tokens(const GemmArgs& a, int64_t r0, int64_t t0) {
+  constexpr int P = T / 2;
+  constexpr bool kOdd = T % 2 == 1;
+  constexpr int kShift = std::countr_zero(static_cast<unsigned>(F::kOffset));
+  __m512 acc2[R][P > 0 ? P : 1];
+  __m256 acc1[R];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) acc2[r][p] = _mm512_setzero_ps();
+    acc1[r] = _mm256_setzero_ps();
+  }
+  const uint8_t* w[R];
+  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, F::kBytes);
+  const BlockQ8_0Act* x[T];
+  for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
+  const int64_t n_blocks = a.k / 32;
+  const int64_t stride = F::kBytes * a.w_group;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    __m512i xp[P > 0 ? P : 1], xoff[P > 0 ? P : 1];
+    __m512 dxp[P > 0 ? P : 1], xsum_f[P > 0 ? P : 1];
+    for (int p = 0; p < P; ++p) {
+      const BlockQ8_0Act& x0 = x[2 * p][b];
+      const BlockQ8_0Act& x1 = x[2 * p + 1][b];
+      xp[p] = _mm512_inserti64x4(_mm512_castsi256_si512(load_x(x0)), load_x(x1), 1);
+      const __m512i xs = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xp[p]);
+      xoff[p] = _mm512_slli_epi32(xs, kShift);
+      xsum_f[p] = _mm512_cvtepi32_ps(xs);
+      dxp[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(x0.d)), _mm256_set1_ps(x1.d), 1);
+    }
+    [[maybe_unused]] __m256i x_last, xoff_last;
+    [[maybe_unused]] __m256 xsum_last;
+    if constexpr (kOdd) {
+      x_last = load_x(x[T - 1][b]);
+      const __m256i xs = DotLanes::lanes(_mm256_set1_epi8(1), x_last);
+      xoff_last = _mm256_slli_epi32(xs, kShift);
+      xsum_last = _mm256_cvtepi32_ps(xs);
+    }
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w[r] + b * stride;
+      const __m256i codes = F::codes(blk);
+      const float d = f16_at(blk);
+      [[maybe_unused]] const float m = F::kMin ? f16_at(blk + 2) : 0.0f;
+      if constexpr (P > 0) {
+        const __m512i cb = _mm512_broadcast_i64x4(codes);
+        const __m512 dv = _mm512_set1_ps(d);
+        for (int p = 0; p < P; ++p) {
+          __m512i lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cb, xp[p]);
+          if constexpr (F::kOffset != 0) lanes = _mm512_sub_epi32(lanes, xoff[p]);
+          acc2[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), _mm512_mul_ps(dv, dxp[p]), acc2[r][p]);
+          if constexpr (F::kMin)
+            acc2[r][p] = _mm512_fmadd_ps(xsum_f[p], _mm512_mul_ps(_mm512_set1_ps(m), dxp[p]), acc2[r][p]);
+        }
+      }
+      if constexpr (kOdd) {
+        const float dx = x[T - 1][b].d;
+        __m256i lanes = DotLanes::lanes(codes, x_last);
+        if constexpr (F::kOffset != 0) lanes = _mm256_sub_epi32(lanes, xoff_last);
+        acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d * dx), acc1[r]);
+        if constexpr (F::kMin) acc1[r] = _mm256_fmadd_ps(xsum_last, _mm256_set1_ps(m * dx), acc1[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) {
+      a.y[(t0 + 2 * p) * a.ldy + r0 + r] = hsum256(_mm512_castps512_ps256(acc2[r][p]));
+      a.y[(t0 + 2 * p + 1) * a.ldy + r0 + r] = hsum256(_mm512_extractf32x8_ps(acc2[r][p], 1));
+    }
+    if constexpr (kOdd) a.y[(t0 + T - 1) * a.ldy + r0 + r] = hsum256(acc1[r]);
+  }
+}
+
 template <typename F>
 struct LegacyTile512 {
   template <int R, int T>
@@ -607,6 +682,8 @@ struct LegacyTile512 {
     static void run(const GemmArgs& a, int64_t r, int64_t t) {
       if constexpr (T == 1 && R % 2 == 0) {
         tile_legacy_rows<F, R>(a, r, t);
+      } else if constexpr (T >= 2) {
+        tile_legacy_tokens<F, R, T>(a, r, t);
       } else {
         tile_legacy<DotLanes, F, R, T>(a, r, t);
       }
@@ -614,9 +691,12 @@ struct LegacyTile512 {
   };
 };
 
+// Prompt tiles of 4 rows x 6 tokens (three pairs), as Q8_0's.
+constexpr GemmPlan kLegacyPlan{4, 6, 8, 32, 126};
+
 template <typename F>
 void gemm_legacy512(const GemmArgs& a, int64_t b, int64_t e) {
-  gemm_driver<LegacyTile512<F>::template Fn, kKQuantPlan>(a, b, e);
+  gemm_driver<LegacyTile512<F>::template Fn, kLegacyPlan>(a, b, e);
 }
 
 }  // namespace
