@@ -18,7 +18,7 @@
 
 namespace tandem::gguf {
 
-// ggml tensor types, numbered as in ggml.h. Only F32, F16, BF16 and Q8_0 can
+// ggml tensor types, numbered as in ggml.h. Those kernels::DType lists can
 // be computed with; the rest are known so that errors can name them.
 enum class TensorType : uint32_t {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,

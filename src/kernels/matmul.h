@@ -1,4 +1,4 @@
-// Matrix products against weight matrices in f32, f16, bf16 or q8_0.
+// Matrix products against weight matrices of any DType (dtype.h).
 //
 // y[t][r] = dot(x[t], W[r]) for every token row t and weight row r. Work is
 // split across threads by weight rows only (never along the reduction), so a
@@ -23,8 +23,9 @@ struct BlockQ8_0Act;
 // A weight matrix: `rows` rows of `cols` elements, row_bytes of data each (a
 // view). group == 1: plain row-major, as in a GGUF file. group > 1: rows
 // interleaved in groups by chunks of chunk_bytes, the layout the GEMV and GEMM
-// tiles stream best (see GemmArgs): q8_0 in groups of 8 by 34-byte blocks,
-// which keeps the arithmetic of plain rows; f32, f16 and bf16 in panels of 16
+// tiles stream best (see GemmArgs): the block types in groups of 8 rows by
+// whole blocks (q8_0: 34 bytes), which keeps the arithmetic of plain rows;
+// f32, f16 and bf16 in panels of 16
 // rows by single elements (bf16: pairs), whose vector kernels reduce in a
 // different (fixed) order than on plain rows.
 struct WeightMatrix {
@@ -61,9 +62,9 @@ struct MatmulOutput {
 };
 
 // The input rows of a matmul group: f32 (x, ldx floats apart) and/or already
-// quantized for Q8_0 weights (xq, ldxq blocks apart, e.g. by rms_norm_q8_0).
-// A group whose weights are all Q8_0 needs only xq; otherwise x is required,
-// and xq, when absent, is made from x.
+// quantized for the block types' weights (xq, ldxq blocks apart, e.g. by
+// rms_norm_q8_0). A group whose weights are all block types needs only xq;
+// otherwise x is required, and xq, when absent, is made from x.
 struct MatmulInput {
   const float* x = nullptr;
   int64_t ldx = 0;
