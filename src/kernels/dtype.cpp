@@ -9,23 +9,17 @@ namespace {
 
 using gguf::TensorType;
 
+// Indexed by DType. The block geometry is GGUF's own table (gguf_types.cpp).
 struct DTypeTraits {
   const char* name;
-  int64_t block_elements;
-  size_t block_bytes;
   TensorType gguf;
 };
 
-// Indexed by DType; the block layouts are GGUF's (gguf_types.cpp).
 constexpr DTypeTraits kTraits[kDTypeCount] = {
-    {"f32", 1, 4, TensorType::F32},         {"f16", 1, 2, TensorType::F16},
-    {"bf16", 1, 2, TensorType::BF16},       {"q8_0", 32, 34, TensorType::Q8_0},
-    {"q4_k", 256, 144, TensorType::Q4_K},   {"q6_k", 256, 210, TensorType::Q6_K},
-    {"q4_0", 32, 18, TensorType::Q4_0},     {"q4_1", 32, 20, TensorType::Q4_1},
-    {"q5_0", 32, 22, TensorType::Q5_0},     {"q5_1", 32, 24, TensorType::Q5_1},
-    {"iq4_nl", 32, 18, TensorType::IQ4_NL}, {"q5_k", 256, 176, TensorType::Q5_K},
-    {"q2_k", 256, 84, TensorType::Q2_K},    {"q3_k", 256, 110, TensorType::Q3_K},
-    {"iq4_xs", 256, 136, TensorType::IQ4_XS},
+    {"f32", TensorType::F32},   {"f16", TensorType::F16},   {"bf16", TensorType::BF16},     {"q8_0", TensorType::Q8_0},
+    {"q4_k", TensorType::Q4_K}, {"q6_k", TensorType::Q6_K}, {"q4_0", TensorType::Q4_0},     {"q4_1", TensorType::Q4_1},
+    {"q5_0", TensorType::Q5_0}, {"q5_1", TensorType::Q5_1}, {"iq4_nl", TensorType::IQ4_NL}, {"q5_k", TensorType::Q5_K},
+    {"q2_k", TensorType::Q2_K}, {"q3_k", TensorType::Q3_K}, {"iq4_xs", TensorType::IQ4_XS},
 };
 
 const DTypeTraits& traits(DType t) { return kTraits[static_cast<int>(t)]; }
@@ -34,9 +28,9 @@ const DTypeTraits& traits(DType t) { return kTraits[static_cast<int>(t)]; }
 
 std::string dtype_name(DType t) { return traits(t).name; }
 
-int64_t dtype_block_elements(DType t) { return traits(t).block_elements; }
+int64_t dtype_block_elements(DType t) { return static_cast<int64_t>(gguf::type_block_elements(traits(t).gguf)); }
 
-size_t dtype_block_bytes(DType t) { return traits(t).block_bytes; }
+size_t dtype_block_bytes(DType t) { return static_cast<size_t>(gguf::type_block_bytes(traits(t).gguf)); }
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 

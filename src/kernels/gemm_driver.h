@@ -29,6 +29,18 @@ struct GemmPlan {
 // tile_tokens (the last tokens in one narrower tile). Every tile computes each
 // element in the same order, so the tiling never changes a result.
 
+// The weight rows (in chunks of chunk_bytes) and the quantized activation
+// rows that a tile of R rows x T tokens reads.
+template <int R, int T>
+struct TileRows {
+  const uint8_t* w[R];
+  const BlockQ8_0Act* x[T];
+  TileRows(const GemmArgs& a, int64_t r0, int64_t t0, int64_t chunk_bytes) {
+    for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, chunk_bytes);
+    for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
+  }
+};
+
 // Tokens per block when n_tokens are cut into blocks of equal size, whole
 // tiles of `tile` tokens, at most max_block (rounded down to whole tiles), so
 // that the last block is not a sliver: 127 tokens go as 66 + 61, not 126 + 1.

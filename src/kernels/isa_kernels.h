@@ -9,6 +9,7 @@
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "kernels/isa.h"
+#include "kernels/k_quants.h"
 #include "kernels/matmul.h"
 
 namespace tandem::kernels {
@@ -62,12 +63,12 @@ constexpr int64_t kFloatChunkBytes = 64;
 constexpr int64_t kQ8ChunkBytes = 34;
 // The other block types' rows interleave by whole blocks too (k_quants.h,
 // legacy_quants.h), as q8_0 rows do.
-constexpr int64_t kQ2KChunkBytes = 84;
-constexpr int64_t kQ3KChunkBytes = 110;
-constexpr int64_t kIQ4XSChunkBytes = 136;
-constexpr int64_t kQ4KChunkBytes = 144;
-constexpr int64_t kQ5KChunkBytes = 176;
-constexpr int64_t kQ6KChunkBytes = 210;
+constexpr int64_t kQ2KChunkBytes = sizeof(BlockQ2_K);
+constexpr int64_t kQ3KChunkBytes = sizeof(BlockQ3_K);
+constexpr int64_t kIQ4XSChunkBytes = sizeof(BlockIQ4_XS);
+constexpr int64_t kQ4KChunkBytes = sizeof(BlockQ4_K);
+constexpr int64_t kQ5KChunkBytes = sizeof(BlockQ5_K);
+constexpr int64_t kQ6KChunkBytes = sizeof(BlockQ6_K);
 
 // Where chunk 0 of row r starts; chunk c is c * w_group * chunk_bytes further.
 inline const uint8_t* gemm_row(const GemmArgs& a, int64_t r, int64_t chunk_bytes) {

@@ -41,6 +41,13 @@ inline __m256i sum_lanes8(const __m256i v[8]) {
 
 inline __m256i load_x(const BlockQ8_0Act& x) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs)); }
 
+// Writes each accumulator's sum: row r0 + r of token t0 + t.
+template <int R, int T>
+inline void store_tile(const GemmArgs& a, int64_t r0, int64_t t0, const __m256 (&acc)[R][T]) {
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = hsum256(acc[r][t]);
+}
+
 // The scales of the eight activation blocks of one 256-element block.
 inline __m256 block_scales(const BlockQ8_0Act* x) {
   return _mm256_setr_ps(x[0].d, x[1].d, x[2].d, x[3].d, x[4].d, x[5].d, x[6].d, x[7].d);
@@ -162,10 +169,7 @@ inline void tile_q45_k(const GemmArgs& a, int64_t r0, int64_t t0) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kChunk);
-  const BlockQ8_0Act* x[T];
-  for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
+  const auto [w, x] = TileRows<R, T>(a, r0, t0, kChunk);
   const int64_t n_super = a.k / kSuperBlock;
   const int64_t stride = kChunk * a.w_group;
   [[maybe_unused]] const __m256i ones = _mm256_set1_epi8(1);
@@ -203,8 +207,7 @@ inline void tile_q45_k(const GemmArgs& a, int64_t r0, int64_t t0) {
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = hsum256(acc[r][t]);
+  store_tile(a, r0, t0, acc);
 }
 
 // One block of q2_K, q3_K or q6_K unpacked: values by activation block of
@@ -308,10 +311,7 @@ inline void tile_q16_k(const GemmArgs& a, int64_t r0, int64_t t0) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kChunk);
-  const BlockQ8_0Act* x[T];
-  for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
+  const auto [w, x] = TileRows<R, T>(a, r0, t0, kChunk);
   const int64_t n_super = a.k / kSuperBlock;
   const int64_t stride = kChunk * a.w_group;
   [[maybe_unused]] const __m256i ones = _mm256_set1_epi8(1);
@@ -344,8 +344,7 @@ inline void tile_q16_k(const GemmArgs& a, int64_t r0, int64_t t0) {
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = hsum256(acc[r][t]);
+  store_tile(a, r0, t0, acc);
 }
 
 template <typename Dot, typename Unpack>

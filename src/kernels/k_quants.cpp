@@ -43,11 +43,7 @@ void q6_k_values(const BlockQ6_K& b, uint8_t* q) {
 }
 
 void q3_k_scales(const BlockQ3_K& b, int8_t* scales) {
-  for (int i = 0; i < 16; ++i) {
-    const int low = (b.scales[i % 8] >> (4 * (i / 8))) & 0x0F;
-    const int high = (b.scales[8 + i % 4] >> (2 * (i / 4))) & 3;
-    scales[i] = static_cast<int8_t>((low | (high << 4)) - 32);
-  }
+  for (int i = 0; i < 16; ++i) scales[i] = static_cast<int8_t>(q3_k_scale(b, i));
 }
 
 namespace {

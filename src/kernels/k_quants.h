@@ -84,7 +84,12 @@ struct BlockIQ4_XS {
 };
 static_assert(sizeof(BlockIQ4_XS) == 136);
 
-// The 16 scales s - 32 of a q3_K block.
+// Scale i (s_i - 32) of a q3_K block, and all 16.
+inline int q3_k_scale(const BlockQ3_K& b, int i) {
+  const int low = (b.scales[i % 8] >> (4 * (i / 8))) & 0x0F;
+  const int high = (b.scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
 void q3_k_scales(const BlockQ3_K& b, int8_t* scales);
 // ls_j - 32 of iq4_xs sub-block j.
 inline int iq4_xs_scale(const BlockIQ4_XS& b, int j) {

@@ -183,10 +183,7 @@ inline void tile_q8_0(const GemmArgs& a, int64_t r0, int64_t t0) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kQ8ChunkBytes);
-  const BlockQ8_0Act* x[T];
-  for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
+  const auto [w, x] = TileRows<R, T>(a, r0, t0, kQ8ChunkBytes);
   const int64_t n_blocks = a.k / 32;
   const size_t block_stride = static_cast<size_t>(kQ8ChunkBytes * a.w_group);
   const size_t prefetch = kPrefetchLines * kFloatChunkBytes * static_cast<size_t>(a.w_group);

@@ -309,10 +309,7 @@ inline void tile_q8_0_tokens(const GemmArgs& a, int64_t r0, int64_t t0) {
     for (int p = 0; p < P; ++p) acc2[r][p] = _mm512_setzero_ps();
     acc1[r] = _mm256_setzero_ps();
   }
-  const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, kQ8ChunkBytes);
-  const BlockQ8_0Act* x[T];
-  for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
+  const auto [w, x] = TileRows<R, T>(a, r0, t0, kQ8ChunkBytes);
   const int64_t n_blocks = a.k / 32;
   const size_t block_stride = static_cast<size_t>(kQ8ChunkBytes * a.w_group);
   const size_t prefetch = kPrefetchLines * kFloatChunkBytes * static_cast<size_t>(a.w_group);
@@ -615,10 +612,7 @@ inline void tile_legacy_tokens(const GemmArgs& a, int64_t r0, int64_t t0) {
     for (int p = 0; p < P; ++p) acc2[r][p] = _mm512_setzero_ps();
     acc1[r] = _mm256_setzero_ps();
   }
-  const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, F::kBytes);
-  const BlockQ8_0Act* x[T];
-  for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
+  const auto [w, x] = TileRows<R, T>(a, r0, t0, F::kBytes);
   const int64_t n_blocks = a.k / 32;
   const int64_t stride = F::kBytes * a.w_group;
   for (int64_t b = 0; b < n_blocks; ++b) {

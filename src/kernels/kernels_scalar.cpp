@@ -159,10 +159,9 @@ void gemm_q2_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
 void gemm_q3_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   gemm_k_quant<BlockQ3_K, kQ3KChunkBytes, q3_k_values>(
       a, row_begin, row_end, [](const BlockQ3_K& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
-        int8_t scales[16];
-        q3_k_scales(wb, scales);
+        const int scales[2] = {q3_k_scale(wb, 2 * j), q3_k_scale(wb, 2 * j + 1)};
         int32_t dot = 0;
-        for (int i = 0; i < 32; ++i) dot += scales[2 * j + i / 16] * (q[32 * j + i] - 4) * x.qs[i];
+        for (int i = 0; i < 32; ++i) dot += scales[i / 16] * (q[32 * j + i] - 4) * x.qs[i];
         return static_cast<float>(dot) * (f16_to_f32(wb.d) * x.d);
       });
 }

@@ -100,10 +100,7 @@ inline void tile_legacy(const GemmArgs& a, int64_t r0, int64_t t0) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = gemm_row(a, r0 + r, F::kBytes);
-  const BlockQ8_0Act* x[T];
-  for (int t = 0; t < T; ++t) x[t] = a.xq + (t0 + t) * a.ldxq;
+  const auto [w, x] = TileRows<R, T>(a, r0, t0, F::kBytes);
   const int64_t n_blocks = a.k / 32;
   const int64_t stride = F::kBytes * a.w_group;
   const __m256i ones = _mm256_set1_epi8(1);
@@ -138,8 +135,7 @@ inline void tile_legacy(const GemmArgs& a, int64_t r0, int64_t t0) {
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) a.y[(t0 + t) * a.ldy + r0 + r] = hsum256(acc[r][t]);
+  store_tile(a, r0, t0, acc);
 }
 
 template <typename Dot, typename F>
