@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -16,6 +17,7 @@
 #include "kernels/k_quants.h"
 #include "kernels/kv_layout.h"
 #include "kernels/kv_write.h"
+#include "kernels/legacy_quants.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "util/fp16.h"
@@ -88,11 +90,12 @@ struct Problem {
   }
 
   // The same problem with its weights in the interleaved layout of its type.
-  Problem interleaved() const {
+  // (The layout chosen for the kernels of `isa`.)
+  Problem interleaved(Isa isa = active_isa()) const {
     Problem p = *this;
     const WeightMatrix plain{type, w.data(), rows, cols, dtype_row_bytes(type, cols)};
-    EXPECT_TRUE(can_interleave(plain));
-    const WeightMatrix m = interleave_rows(plain, p.w.data());
+    EXPECT_TRUE(can_interleave(plain, isa));
+    const WeightMatrix m = interleave_rows(plain, p.w.data(), isa);
     p.group = m.group;
     p.chunk_bytes = m.chunk_bytes;
     return p;
@@ -266,42 +269,57 @@ TEST(Kernels, LowBitQuantizersKeepTheRowsErrorSmall) {
   }
 }
 
-// The interleaved layouts (matmul.h) only move bytes. Chunk groups (q8_0)
-// give bitwise the products of plain rows in every variant. Panels (f32, f16,
-// bf16) do in the scalar reference, whose order is the same for every
+// The interleaved layouts (matmul.h) only move bytes. Chunk groups (q8_0,
+// the other K types) give bitwise the products of plain rows in every variant.
+// Panels (f32, f16, bf16; the 32-element types and q4_K in AVX-512's
+// layout) do in the scalar reference, whose order is the same for every
 // layout, and agree within the rounding bound in the vector variants, whose
-// panel tiles reduce in one chain over k (or k pairs). Row ranges start or end inside a group.
+// panel tiles reduce in one chain over k (or k pairs, or blocks); the block
+// types' panels give bitwise the same in AVX2 as in AVX-512. Row ranges start or end
+// inside a group.
 TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
   for (DType t : kAllTypes) {
-    const InterleavedLayout layout = interleaved_layout(t);
-    const bool panel = is_float_dtype(t);
-    EXPECT_EQ(layout.group, panel ? kPanelRows : 8);
-    for (int64_t rows : {16, 48}) {
-      for (int64_t cols : {32, 96}) {
-        if (cols % dtype_block_elements(t) != 0) cols = dtype_block_elements(t) * (cols / 32);
-        for (int64_t n : {1, 6, 11}) {
-          const Problem p(t, rows, cols, n, static_cast<uint64_t>(rows * 100 + cols + n));
-          const Problem inter = p.interleaved();
-          EXPECT_EQ(inter.group, layout.group);
-          if (panel || static_cast<int64_t>(dtype_row_bytes(t, cols)) > layout.chunk_bytes) {  // (one block per row: the same order)
-            EXPECT_NE(inter.w, p.w);
-          }
-          for (Isa isa : supported_isas()) {
-            const std::vector<float> want = p.run(isa);
-            std::vector<float> y(want.size(), NAN);
-            const GemmArgs a = inter.args(y.data());
-            gemm_for(table(isa), t)(a, 0, 5);
-            gemm_for(table(isa), t)(a, 5, rows);
-            if (!panel || isa == Isa::kScalar) {
-              EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * 4), 0)
-                  << dtype_name(t) << " " << isa_name(isa) << " rows=" << rows << " cols=" << cols << " n=" << n;
-              continue;
+    for (Isa layout_isa : supported_isas()) {
+      const InterleavedLayout layout = interleaved_layout(t, layout_isa);
+      const bool panel = is_panel_layout(t, layout.group);
+      EXPECT_EQ(panel, is_float_dtype(t) || (has_block_panels(t) && layout_isa == Isa::kAvx512)) << dtype_name(t);
+      EXPECT_EQ(layout.group, panel ? kPanelRows : 8);
+      for (int64_t rows : {16, 48}) {
+        for (int64_t cols : {32, 96, 256}) {
+          if (cols % dtype_block_elements(t) != 0) cols = dtype_block_elements(t) * (cols / 32);
+          for (int64_t n : {1, 6, 11}) {
+            const Problem p(t, rows, cols, n, static_cast<uint64_t>(rows * 100 + cols + n));
+            const Problem inter = p.interleaved(layout_isa);
+            EXPECT_EQ(inter.group, layout.group);
+            if (panel || static_cast<int64_t>(dtype_row_bytes(t, cols)) > layout.chunk_bytes) {  // (one block per row: the same order)
+              EXPECT_NE(inter.w, p.w);
             }
-            for (int64_t tok = 0; tok < n; ++tok)
-              for (int64_t r = 0; r < rows; ++r) {
-                const size_t i = static_cast<size_t>(tok * rows + r);
-                ASSERT_NEAR(y[i], want[i], p.tolerance(tok, r)) << dtype_name(t) << " " << isa_name(isa);
+            std::vector<float> avx512_result;
+            for (Isa isa : supported_isas()) {
+              const std::vector<float> want = p.run(isa);
+              std::vector<float> y(want.size(), NAN);
+              const GemmArgs a = inter.args(y.data());
+              gemm_for(table(isa), t)(a, 0, 5);
+              gemm_for(table(isa), t)(a, 5, rows);
+              const std::string where = std::string(dtype_name(t)) + " " + isa_name(isa) + " on " +
+                                        isa_name(layout_isa) + "'s layout, rows=" + std::to_string(rows) +
+                                        " cols=" + std::to_string(cols) + " n=" + std::to_string(n);
+              if (!panel || isa == Isa::kScalar) {
+                EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * 4), 0) << where;
+                continue;
               }
+              for (int64_t tok = 0; tok < n; ++tok)
+                for (int64_t r = 0; r < rows; ++r) {
+                  const size_t i = static_cast<size_t>(tok * rows + r);
+                  ASSERT_NEAR(y[i], want[i], p.tolerance(tok, r)) << where;
+                }
+              if (isa == Isa::kAvx512) avx512_result = y;
+            }
+            if (panel && has_block_panels(t) && !avx512_result.empty()) {
+              std::vector<float> y(avx512_result.size(), NAN);
+              gemm_for(table(Isa::kAvx2), t)(inter.args(y.data()), 0, rows);
+              EXPECT_EQ(std::memcmp(y.data(), avx512_result.data(), y.size() * 4), 0) << dtype_name(t) << " avx2 vs avx512";
+            }
           }
         }
       }

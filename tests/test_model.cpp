@@ -247,10 +247,13 @@ TEST(Model, LowBitModelsMatchTheReferenceOnTheirDequantizedWeights) {
 }
 
 // Interleaving the weights at load is a layout change only. In chunk groups
-// (q8_0) the logits are bitwise those of the plain file layout; f32, f16 and
-// bf16 panels reduce in one chain over k (or k pairs) in the vector kernels, so their logits
+// (q8_0, the other K types) the logits are bitwise those of the plain file
+// layout; panels (f32, f16, bf16; the 32-element types and q4_K for AVX-512) reduce in one
+// chain over k (or k pairs, or blocks) in the vector kernels, so their logits
 // agree within rounding and give the same greedy token (and bitwise in the
-// scalar reference). Either way the layout is fixed per matrix, so batch
+// scalar reference). With the block types a rounding difference can
+// also move an activation across an int8 step when it is quantized for the
+// next matmul, so their logits agree within 2 % of the largest instead. Either way the layout is fixed per matrix, so batch
 // invariance holds within it (the other model tests run interleaved).
 TEST(Model, InterleavedWeightsGiveThePlainLogits) {
   for (int i = 0; i < kernels::kDTypeCount; ++i) {
@@ -266,13 +269,18 @@ TEST(Model, InterleavedWeightsGiveThePlainLogits) {
     const std::vector<int32_t> toks = tokens(13, 3, plain->config().n_vocab);
     const std::vector<float> a = run_alone(*interleaved, toks, {13}, pool);
     const std::vector<float> b = run_alone(*plain, toks, {6, 7}, pool);
-    const bool panels = kernels::is_float_dtype(dtype);
+    const bool panels = kernels::is_panel_layout(dtype, kernels::interleaved_layout(dtype).group);
     if (!panels || kernels::active_isa() == kernels::Isa::kScalar) {
       EXPECT_TRUE(bitwise_equal(a.data(), b.data(), a.size())) << kernels::dtype_name(dtype);
       continue;
     }
     const int64_t V = plain->config().n_vocab;
-    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3 * (1 + std::fabs(b[i]))) << kernels::dtype_name(dtype);
+    float largest = 0.0f;
+    for (float v : b) largest = std::max(largest, std::fabs(v));
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double bound = kernels::is_float_dtype(dtype) ? 1e-3 * (1 + std::fabs(b[i])) : 2e-2 * largest;
+      ASSERT_NEAR(a[i], b[i], bound) << kernels::dtype_name(dtype);
+    }
     for (size_t t = 0; t < a.size() / static_cast<size_t>(V); ++t)
       EXPECT_EQ(kernels::argmax(a.data() + t * V, V), kernels::argmax(b.data() + t * V, V)) << kernels::dtype_name(dtype);
   }

@@ -57,7 +57,13 @@ struct GemmArgs {
   int64_t ldy = 0;
   int64_t w_group = 1;          // rows per interleaved group
   int64_t w_chunk_bytes = 64;   // bytes of a row chunk in a group (any, for plain rows)
+  // The sum of each block of xq (ldxq apart), for the 32-element types'
+  // panel tiles; when null, those compute it themselves.
+  const int32_t* xsum = nullptr;
 };
+
+// xsum (GemmArgs) of n_tokens rows of n_blocks blocks each, ld_blocks apart.
+void sum_q8_blocks(const BlockQ8_0Act* xq, int64_t ld_blocks, int64_t n_tokens, int64_t n_blocks, int32_t* xsum);
 
 constexpr int64_t kFloatChunkBytes = 64;
 constexpr int64_t kQ8ChunkBytes = 34;

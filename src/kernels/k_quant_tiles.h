@@ -367,9 +367,64 @@ struct Q16KTile {
 // rows (one interleaved group, a contiguous stream).
 constexpr GemmPlan kKQuantPlan{4, 2, 8, 16, 128};
 
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+inline float fma1(float x, float y, float z) {
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(x), _mm_set_ss(y), _mm_set_ss(z)));
+}
+
+// q4_K panels (k_quants.h) outside AVX-512's tiles, a row and a token at a
+// time: per sub-block j the exact integer dot product, then one FMA with
+// (d * sc_j) * dx and one of -(dmin * m_j) with dx * sum(x), in sub-block
+// order. These are the steps of the AVX-512 panel tile, so bitwise its
+// results; the layout is chosen for AVX-512 only, so this runs when a panel
+// meets another variant (tests, a forced TANDEM_ISA).
+template <typename Dot>
+void gemm_q4_k_panel_rows(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t n_super = a.k / kSuperBlock;
+  const int64_t stride = kQ4KChunkBytes * a.w_group;
+  const __m256i ones = _mm256_set1_epi8(1);
+  BlockQ4_K wb;
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const BlockQ8_0Act* x = a.xq + t * a.ldxq;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const uint8_t* group = a.w + static_cast<size_t>(r / a.w_group * a.w_group) * a.w_row_bytes;
+      float acc = 0.0f;
+      for (int64_t s = 0; s < n_super; ++s) {
+        unpack_q4_k_panel_row(group + s * stride, static_cast<int>(r % a.w_group), reinterpret_cast<uint8_t*>(&wb));
+        const float d = _cvtsh_ss(wb.d), dmin = _cvtsh_ss(wb.dmin);
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sc, m;
+          q4_k_scale_min(wb.scales, j, &sc, &m);
+          const BlockQ8_0Act& xb = x[8 * s + j];
+          const __m256i xv = load_x(xb);
+          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.qs + 32 * (j / 2)));
+          const __m128i v2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.qs + 32 * (j / 2) + 16));
+          const __m256i bytes = _mm256_set_m128i(v2, v);
+          const __m256i codes = _mm256_and_si256(j % 2 == 0 ? bytes : _mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(0x0F));
+          const int32_t dot = hsum_epi32(Dot::lanes(codes, xv));
+          const int32_t xsum = hsum_epi32(Dot::lanes(ones, xv));
+          acc = fma1(static_cast<float>(dot), (d * static_cast<float>(sc)) * xb.d, acc);
+          acc = fma1(-(dmin * static_cast<float>(m)), xb.d * static_cast<float>(xsum), acc);
+        }
+      }
+      a.y[t * a.ldy + r] = acc;
+    }
+  }
+}
+
 template <typename Dot>
 void gemm_q4_k(const GemmArgs& a, int64_t b, int64_t e) {
-  gemm_driver<Q45KTile<Dot, Q4KUnpack>::template Fn, kKQuantPlan>(a, b, e);
+  if (is_panel_layout(DType::kQ4_K, a.w_group)) {
+    gemm_q4_k_panel_rows<Dot>(a, b, e);
+  } else {
+    gemm_driver<Q45KTile<Dot, Q4KUnpack>::template Fn, kKQuantPlan>(a, b, e);
+  }
 }
 template <typename Dot>
 void gemm_q5_k(const GemmArgs& a, int64_t b, int64_t e) {

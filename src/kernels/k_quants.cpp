@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "util/error.h"
@@ -280,5 +281,36 @@ void quantize_row_q3_k(const float* x, uint8_t* out, int64_t n) { quantize_row<B
 void quantize_row_iq4_xs(const float* x, uint8_t* out, int64_t n) {
   quantize_row<BlockIQ4_XS, quantize_block_iq4_xs>(x, out, n);
 }
+
+namespace {
+
+// Moves row r's block between its plain bytes and a q4_K panel block
+// (kPack: plain to panel; otherwise back), in 2- and 4-byte pieces.
+template <bool kPack, typename Panel>
+void move_q4_k_panel_row(Panel* panel, int r, uint8_t* block) {
+  auto move = [&](int panel_at, int block_at, int n) {
+    if constexpr (kPack) {
+      std::memcpy(panel + panel_at, block + block_at, static_cast<size_t>(n));
+    } else {
+      std::memcpy(block + block_at, panel + panel_at, static_cast<size_t>(n));
+    }
+  };
+  move(2 * r, offsetof(BlockQ4_K, d), 2);
+  move(32 + 2 * r, offsetof(BlockQ4_K, dmin), 2);
+  for (int w = 0; w < 3; ++w) move(kQ4KPanelScales + 64 * w + 4 * r, static_cast<int>(offsetof(BlockQ4_K, scales)) + 4 * w, 4);
+  for (int v = 0; v < 32; ++v) move(kQ4KPanelQs + 64 * v + 4 * r, static_cast<int>(offsetof(BlockQ4_K, qs)) + 4 * v, 4);
+}
+
+}  // namespace
+
+void pack_q4_k_panel(const uint8_t* const* blocks, uint8_t* panel) {
+  uint8_t block[sizeof(BlockQ4_K)];
+  for (int r = 0; r < 16; ++r) {
+    std::memcpy(block, blocks[r], sizeof block);
+    move_q4_k_panel_row<true>(panel, r, block);
+  }
+}
+
+void unpack_q4_k_panel_row(const uint8_t* panel, int r, uint8_t* block) { move_q4_k_panel_row<false>(panel, r, block); }
 
 }  // namespace tandem::kernels

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <vector>
 
 #include "kernels/gemm_driver.h"
 #include "kernels/isa_kernels.h"
@@ -36,6 +37,11 @@ constexpr int64_t kPrefetchLines = 8;
 // +3 % against 16; into L2 instead of L1, +11 % and +14 % in two sets, 9 of
 // 10 pairs faster).
 constexpr int64_t kQ8PrefetchLines = 32;
+
+// The 32-element types' panel decode tile fetches each group's stream this
+// far ahead.
+constexpr int64_t kLegacyPanelPrefetchBytes = 2048;
+constexpr int64_t kQ4KPanelPrefetchBytes = 2048;
 
 // A decode tile of R > w_group rows streams R / w_group interleaved groups
 // side by side, and the next tile's groups follow in memory. A stream's
@@ -688,9 +694,240 @@ struct LegacyTile512 {
 // Prompt tiles of 4 rows x 6 tokens (three pairs), as Q8_0's.
 constexpr GemmPlan kLegacyPlan{4, 6, 8, 32, 126};
 
+// The 32-element types' panel tile (panels: legacy_quants.h): G groups of
+// 16 rows x T tokens. A vector of 16 rows' 4 codes at one column of a block
+// meets the token's 4 activations at that column broadcast (vpdpbusd), so
+// each lane sums its row's exact integer dot product of the block, started
+// at -offset * sum(x); then per block one FMA with d * dx (and, with a min,
+// one of m with dx * sum(x)), the steps of gemm_legacy_panel_rows. Against
+// the tiles of plain rows, a block costs its float steps once per 16 rows
+// instead of once per row.
+template <typename F, int G, int T>
+inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr int64_t kPanelBytes = kLegacyPanelRows * F::kBytes;
+  const LegacyPanelLayout l = legacy_panel_layout(F::kType);
+  __m512 acc[G][T];
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
+  const int64_t group_bytes = kPanelRows * static_cast<int64_t>(a.w_row_bytes);
+  const uint8_t* w = a.w + g0 * group_bytes;
+  const int64_t n_blocks = a.k / 32;
+  const BlockQ8_0Act* x[T];
+  const int32_t* xs[T];
+  for (int t = 0; t < T; ++t) {
+    x[t] = a.xq + (t0 + t) * a.ldxq;
+    xs[t] = a.xsum + (t0 + t) * a.ldxq;
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
+  [[maybe_unused]] const __m512i levels =
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlBiasedLevels)));
+  const uint8_t* pf = job.prefetch;
+  int64_t pf_left = job.prefetch_lines;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t off = b * kPanelBytes;
+    if constexpr (T == 1) {
+      // Decode: each group is a stream (see tile_panel).
+      for (int64_t line = 0; line < kPanelBytes; line += 64)
+        for (int g = 0; g < G; ++g)
+          prefetch_ahead(w + g * group_bytes, off + line + kLegacyPanelPrefetchBytes, group_bytes, (G - 1) * group_bytes);
+    } else {
+      for (int i = 0; i < (kPanelBytes * G + 63) / 64 && pf_left > 0; ++i, --pf_left, pf += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
+    }
+    __m512i dot[G][T];
+    for (int t = 0; t < T; ++t) {
+      const __m512i start = _mm512_set1_epi32(-F::kOffset * xs[t][b]);
+      for (int g = 0; g < G; ++g) dot[g][t] = start;
+    }
+    for (int j = 0; j < 4; ++j) {
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* pb = w + g * group_bytes + off;
+        const __m512i packed = _mm512_loadu_si512(pb + l.qs + 64 * j);
+        __m512i lo = _mm512_and_si512(packed, low4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+        if (l.qh >= 0) {
+          const __m512i fifth = _mm512_loadu_si512(pb + l.qh);
+          lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(fifth, 4 - j), bit4));
+          hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(fifth, j), bit4));
+        }
+        if constexpr (F::kType == DType::kIQ4_NL) {
+          lo = _mm512_shuffle_epi8(levels, lo);
+          hi = _mm512_shuffle_epi8(levels, hi);
+        }
+        for (int t = 0; t < T; ++t) {
+          int32_t x_lo, x_hi;
+          std::memcpy(&x_lo, x[t][b].qs + 4 * j, 4);
+          std::memcpy(&x_hi, x[t][b].qs + 16 + 4 * j, 4);
+          dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], lo, _mm512_set1_epi32(x_lo));
+          dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], hi, _mm512_set1_epi32(x_hi));
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* pb = w + g * group_bytes + off;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + l.d)));
+      [[maybe_unused]] __m512 m;
+      if constexpr (F::kMin) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + l.m)));
+      for (int t = 0; t < T; ++t) {
+        const float dx = x[t][b].d;
+        acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[g][t]), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[g][t]);
+        if constexpr (F::kMin)
+          acc[g][t] = _mm512_fmadd_ps(m, _mm512_set1_ps(dx * static_cast<float>(xs[t][b])), acc[g][t]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    const auto [lo, hi] = stored_rows(job, g0 + g);
+    const auto mask = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(a.y + (t0 + t) * a.ldy + (g0 + g) * kPanelRows, mask, acc[g][t]);
+  }
+}
+
+// q4_K's panel tile (panels: k_quants.h): G groups of 16 rows x T tokens,
+// as the 32-element types' (tile_legacy_panel), per sub-block j of 32: each
+// lane's exact integer dot product, then one FMA with (d * sc_j) * dx and
+// one of -(dmin * m_j) with dx * sum(x), the steps of gemm_q4_k_panel_rows.
+template <int G, int T>
+inline void tile_q4_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr int64_t kPanelBytes = kPanelRows * kQ4KChunkBytes;
+  constexpr int64_t kSubBlockBytes = kPanelBytes / 8;
+  __m512 acc[G][T];
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
+  const int64_t group_bytes = kPanelRows * static_cast<int64_t>(a.w_row_bytes);
+  const uint8_t* w = a.w + g0 * group_bytes;
+  const int64_t n_super = a.k / kSuperBlock;
+  const BlockQ8_0Act* x[T];
+  const int32_t* xs[T];
+  for (int t = 0; t < T; ++t) {
+    x[t] = a.xq + (t0 + t) * a.ldxq;
+    xs[t] = a.xsum + (t0 + t) * a.ldxq;
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i low6 = _mm512_set1_epi32(63);
+  const __m512i low4_32 = _mm512_set1_epi32(0x0F);
+  const __m512i low2_32 = _mm512_set1_epi32(3);
+  const uint8_t* pf = job.prefetch;
+  int64_t pf_left = job.prefetch_lines;
+  for (int64_t s = 0; s < n_super; ++s) {
+    const int64_t off = s * kPanelBytes;
+    __m512 d[G], dmin[G];
+    __m512i sw[G][3];
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* pb = w + g * group_bytes + off;
+      d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb)));
+      dmin[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 32)));
+      for (int v = 0; v < 3; ++v) sw[g][v] = _mm512_loadu_si512(pb + kQ4KPanelScales + 64 * v);
+    }
+    for (int j = 0; j < 8; ++j) {
+      if constexpr (T == 1) {
+        for (int64_t line = 0; line < kSubBlockBytes; line += 64)
+          for (int g = 0; g < G; ++g)
+            prefetch_ahead(w + g * group_bytes, off + j * kSubBlockBytes + line + kQ4KPanelPrefetchBytes, group_bytes,
+                           (G - 1) * group_bytes);
+      } else {
+        for (int i = 0; i < (kSubBlockBytes * G + 63) / 64 && pf_left > 0; ++i, --pf_left, pf += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
+      }
+      const int shift = 8 * (j % 4);
+      __m512 dsc[G], dmm[G];
+      for (int g = 0; g < G; ++g) {
+        __m512i sc, m;
+        if (j < 4) {
+          sc = _mm512_and_si512(_mm512_srli_epi32(sw[g][0], shift), low6);
+          m = _mm512_and_si512(_mm512_srli_epi32(sw[g][1], shift), low6);
+        } else {
+          const __m512i hi_sc = _mm512_and_si512(_mm512_srli_epi32(sw[g][0], shift + 6), low2_32);
+          const __m512i hi_m = _mm512_and_si512(_mm512_srli_epi32(sw[g][1], shift + 6), low2_32);
+          sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sw[g][2], shift), low4_32), _mm512_slli_epi32(hi_sc, 4));
+          m = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sw[g][2], shift + 4), low4_32), _mm512_slli_epi32(hi_m, 4));
+        }
+        dsc[g] = _mm512_mul_ps(d[g], _mm512_cvtepi32_ps(sc));
+        dmm[g] = _mm512_mul_ps(dmin[g], _mm512_cvtepi32_ps(m));
+      }
+      __m512i dot[G][T];
+      for (int g = 0; g < G; ++g)
+        for (int t = 0; t < T; ++t) dot[g][t] = _mm512_setzero_si512();
+      for (int c = 0; c < 8; ++c) {
+        for (int g = 0; g < G; ++g) {
+          const __m512i packed = _mm512_loadu_si512(w + g * group_bytes + off + kQ4KPanelQs + 64 * (8 * (j / 2) + c));
+          const __m512i codes = _mm512_and_si512(j % 2 == 0 ? packed : _mm512_srli_epi16(packed, 4), low4);
+          for (int t = 0; t < T; ++t) {
+            int32_t xc;
+            std::memcpy(&xc, x[t][8 * s + j].qs + 4 * c, 4);
+            dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], codes, _mm512_set1_epi32(xc));
+          }
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        const float dx = x[t][8 * s + j].d;
+        const __m512 dxv = _mm512_set1_ps(dx);
+        const __m512 dx_sum = _mm512_set1_ps(dx * static_cast<float>(xs[t][8 * s + j]));
+        for (int g = 0; g < G; ++g) {
+          acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[g][t]), _mm512_mul_ps(dsc[g], dxv), acc[g][t]);
+          acc[g][t] = _mm512_fnmadd_ps(dmm[g], dx_sum, acc[g][t]);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    const auto [lo, hi] = stored_rows(job, g0 + g);
+    const auto mask = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(a.y + (t0 + t) * a.ldy + (g0 + g) * kPanelRows, mask, acc[g][t]);
+  }
+}
+
+template <int G, int T>
+struct Q4KPanelTile {
+  static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_q4_k_panel<G, T>(a, g, t, job); }
+};
+
+template <typename F>
+struct LegacyPanelTile {
+  template <int G, int T>
+  struct Fn {
+    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) {
+      tile_legacy_panel<F, G, T>(a, g, t, job);
+    }
+  };
+};
+
+// Block panels: prompt tiles of 1 group x 8 tokens (8 int32 and 8 float
+// accumulators), decode tiles of 4 groups (four streams).
+constexpr PanelPlan kBlockPanelPlan{1, 8, 4, 128};
+
+// Block panels with the activations' block sums (made here when the caller
+// gave none).
+template <template <int, int> class Tile>
+void block_panel_driver(const GemmArgs& a, int64_t b, int64_t e) {
+  if (a.xsum != nullptr) {
+    panel_driver<Tile, kBlockPanelPlan>(a, b, e);
+    return;
+  }
+  thread_local std::vector<int32_t> sums;
+  sums.resize(static_cast<size_t>(a.n_tokens * a.ldxq));
+  sum_q8_blocks(a.xq, a.ldxq, a.n_tokens, a.k / 32, sums.data());
+  GemmArgs with_sums = a;
+  with_sums.xsum = sums.data();
+  panel_driver<Tile, kBlockPanelPlan>(with_sums, b, e);
+}
+
 template <typename F>
 void gemm_legacy512(const GemmArgs& a, int64_t b, int64_t e) {
-  gemm_driver<LegacyTile512<F>::template Fn, kLegacyPlan>(a, b, e);
+  if (is_panel_layout(F::kType, a.w_group)) {
+    block_panel_driver<LegacyPanelTile<F>::template Fn>(a, b, e);
+  } else {
+    gemm_driver<LegacyTile512<F>::template Fn, kLegacyPlan>(a, b, e);
+  }
+}
+
+void gemm_q4_k512(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(DType::kQ4_K, a.w_group)) {
+    block_panel_driver<Q4KPanelTile>(a, b, e);
+  } else {
+    gemm_q4_k<DotLanes>(a, b, e);
+  }
 }
 
 }  // namespace
@@ -700,7 +937,7 @@ const IsaKernels kAvx512Kernels = {
     gemm_f16,
     gemm_bf16,
     gemm_q8_0,
-    gemm_q4_k<DotLanes>,
+    gemm_q4_k512,
     gemm_q16_k<Q6KUnpack>,
     gemm_legacy512<Q4_0Format>,
     gemm_legacy512<Q4_1Format>,

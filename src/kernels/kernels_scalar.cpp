@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/isa_kernels.h"
 #include "kernels/k_quants.h"
@@ -62,19 +63,28 @@ void gemm_q8_0(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
 }
 
 // The 32-element types of legacy_quants.h: per block the exact integer sums
-// of w x (and of x, for a min), then dx * (d * sum(w x)) [+ dx * m * sum(x)].
+// of w x (and of x, for a min), then dx * (d * sum(w x)) [+ dx * m * sum(x)],
+// in the same order whatever the layout (panels are read back into blocks).
 template <DType kType>
 void gemm_legacy(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   const int64_t n_blocks = a.k / 32;
   const auto chunk = static_cast<int64_t>(dtype_block_bytes(kType));
+  const bool panel = is_panel_layout(kType, a.w_group);
+  uint8_t plain[32];
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     const BlockQ8_0Act* xb = a.xq + t * a.ldxq;
     for (int64_t r = row_begin; r < row_end; ++r) {
       const uint8_t* row = gemm_row(a, r, chunk);
+      const uint8_t* group = gemm_row(a, r / a.w_group * a.w_group, chunk);
       float acc = 0.0f;
       for (int64_t b = 0; b < n_blocks; ++b) {
         LegacyBlock wb;
-        unpack_legacy_block(kType, row + b * chunk * a.w_group, &wb);
+        const uint8_t* block = row + b * chunk * a.w_group;
+        if (panel) {
+          unpack_legacy_panel_row(kType, group + b * chunk * a.w_group, static_cast<int>(r % a.w_group), plain);
+          block = plain;
+        }
+        unpack_legacy_block(kType, block, &wb);
         int32_t dot = 0, xsum = 0;
         for (int i = 0; i < 32; ++i) {
           dot += wb.w[i] * xb[b].qs[i];
@@ -101,7 +111,17 @@ void gemm_k_quant(const GemmArgs& a, int64_t row_begin, int64_t row_end, BlockTe
       float acc = 0.0f;
       for (int64_t s = 0; s < n_super; ++s) {
         Block wb;
-        std::memcpy(&wb, row + s * kChunk * a.w_group, sizeof wb);
+        if constexpr (std::is_same_v<Block, BlockQ4_K>) {
+          if (is_panel_layout(DType::kQ4_K, a.w_group)) {  // (read back into a block)
+            const uint8_t* group = gemm_row(a, r / a.w_group * a.w_group, kChunk);
+            unpack_q4_k_panel_row(group + s * kChunk * a.w_group, static_cast<int>(r % a.w_group),
+                                  reinterpret_cast<uint8_t*>(&wb));
+          } else {
+            std::memcpy(&wb, row + s * kChunk * a.w_group, sizeof wb);
+          }
+        } else {
+          std::memcpy(&wb, row + s * kChunk * a.w_group, sizeof wb);
+        }
         uint8_t q[256];
         Values(wb, q);
         for (int j = 0; j < 8; ++j) acc += terms(wb, q, j, xb[s * 8 + j]);

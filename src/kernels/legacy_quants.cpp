@@ -41,6 +41,78 @@ Layout layout(DType t) {
   }
 }
 
+}  // namespace
+
+LegacyPanelLayout legacy_panel_layout(DType t) {
+  TANDEM_ASSERT(is_legacy_quant(t));
+  const bool min = legacy_quant_has_min(t);
+  const bool fifth = layout(t).qh >= 0;
+  LegacyPanelLayout p;
+  int at = 32;
+  if (min) {
+    p.m = at;
+    at += 32;
+  }
+  if (fifth) {
+    p.qh = at;
+    at += 64;
+  }
+  p.qs = at;
+  TANDEM_ASSERT(at + 256 == kLegacyPanelRows * static_cast<int>(dtype_block_bytes(t)));
+  return p;
+}
+
+namespace {
+
+// Moves one row's block between its plain bytes and a panel block (kPack:
+// plain to panel; otherwise back).
+template <bool kPack, typename Panel>
+void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
+  const Layout l = layout(t);
+  const LegacyPanelLayout p = legacy_panel_layout(t);
+  auto move = [&](int panel_at, int block_at, int n) {
+    if constexpr (kPack) {
+      std::memcpy(panel + panel_at, block + block_at, static_cast<size_t>(n));
+    } else {
+      std::memcpy(block + block_at, panel + panel_at, static_cast<size_t>(n));
+    }
+  };
+  move(p.d + 2 * r, 0, 2);
+  if (p.m >= 0) move(p.m + 2 * r, 2, 2);
+  for (int j = 0; j < 4; ++j) move(p.qs + 64 * j + 4 * r, l.qs + 4 * j, 4);
+  if (p.qh < 0) return;
+  Panel* bits = panel + p.qh + 4 * r;
+  uint32_t qh = 0;
+  if constexpr (kPack) {
+    std::memcpy(&qh, block + l.qh, 4);
+    for (int i = 0; i < 4; ++i) {
+      bits[i] = 0;
+      for (int c = 0; c < 8; ++c) bits[i] = static_cast<uint8_t>(bits[i] | (((qh >> (4 * c + i)) & 1u) << c));
+    }
+  } else {
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < 8; ++c) qh |= static_cast<uint32_t>((bits[i] >> c) & 1u) << (4 * c + i);
+    std::memcpy(block + l.qh, &qh, 4);
+  }
+}
+
+}  // namespace
+
+void pack_legacy_panel(DType t, const uint8_t* const* blocks, uint8_t* panel) {
+  uint8_t block[32];
+  const size_t bytes = dtype_block_bytes(t);
+  for (int r = 0; r < kLegacyPanelRows; ++r) {
+    std::memcpy(block, blocks[r], bytes);
+    move_panel_row<true>(t, panel, r, block);
+  }
+}
+
+void unpack_legacy_panel_row(DType t, const uint8_t* panel, int r, uint8_t* block) {
+  move_panel_row<false>(t, panel, r, block);
+}
+
+namespace {
+
 int nearest(float v) { return static_cast<int>(std::lround(v)); }
 
 // The largest magnitude of x[0..32), with its sign.

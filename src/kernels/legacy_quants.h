@@ -57,6 +57,28 @@ struct LegacyBlock {
 };
 void unpack_legacy_block(DType t, const uint8_t* block, LegacyBlock* out);
 
+// The panel layout of these types (matmul.h: 16 rows interleaved, for the
+// AVX-512 tiles): a group of kLegacyPanelRows rows stores each block index b
+// as one "panel block" of the 16 rows' blocks, the same bytes rearranged so
+// that one 64-byte load serves all 16 rows:
+//   the 16 rows' d (f16), then their m (types with a min), then 64 bytes of
+//   fifth bits (5-bit types; byte 4r+i, bit c: element 4c+i of row r), then
+//   4 x 64 bytes of nibbles (vector j, byte 4r+i: row r's qs[4j+i], so its
+//   low nibbles are elements 4j..4j+3 of each row and its high nibbles
+//   elements 16+4j..).
+constexpr int kLegacyPanelRows = 16;
+struct LegacyPanelLayout {
+  int d = 0;        // offset of the 16 scales
+  int m = -1;       // of the 16 mins, -1 without
+  int qh = -1;      // of the 64 bytes of fifth bits, -1 without
+  int qs = 32;      // of the 256 bytes of nibbles
+};
+LegacyPanelLayout legacy_panel_layout(DType t);
+// Packs blocks[0..16) (one block of each row) into one panel block.
+void pack_legacy_panel(DType t, const uint8_t* const* blocks, uint8_t* panel);
+// Row r's block, as stored in a plain row, out of a panel block.
+void unpack_legacy_panel_row(DType t, const uint8_t* panel, int r, uint8_t* block);
+
 // tandem's quantizers (n a multiple of 32): the symmetric types scale the
 // value of largest magnitude to the end of their range, as llama.cpp's
 // reference does; the types with a min span each block's range; iq4_nl picks

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "kernels/isa_kernels.h"
+#include "kernels/k_quants.h"
+#include "kernels/legacy_quants.h"
 #include "kernels/ops.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -16,15 +18,24 @@ constexpr size_t kMaxOutputs = 8;
 
 }  // namespace
 
-InterleavedLayout interleaved_layout(DType t) {
+InterleavedLayout interleaved_layout(DType t, Isa isa) {
+  // The 32-element types and q4_K in panels for AVX-512's tiles (the other
+  // variants read panels too, but their tiles are built for chunk groups).
+  if (has_block_panels(t) && isa == Isa::kAvx512) return {kPanelRows, static_cast<int64_t>(dtype_block_bytes(t))};
   // Block types: groups of 8 rows by whole blocks.
   if (!is_float_dtype(t)) return {8, static_cast<int64_t>(dtype_block_bytes(t))};
   if (t == DType::kBF16) return {kPanelRows, 4};  // pairs, for vdpbf16ps
   return {kPanelRows, static_cast<int64_t>(dtype_row_bytes(t, 1))};
 }
 
-bool can_interleave(const WeightMatrix& w) {
-  const InterleavedLayout l = interleaved_layout(w.type);
+bool has_block_panels(DType t) { return is_legacy_quant(t) || t == DType::kQ4_K; }
+
+bool is_panel_layout(DType t, int64_t group) {
+  return group == kPanelRows && (is_float_dtype(t) || has_block_panels(t));
+}
+
+bool can_interleave(const WeightMatrix& w, Isa isa) {
+  const InterleavedLayout l = interleaved_layout(w.type, isa);
   return w.group == 1 && w.rows % l.group == 0 && static_cast<int64_t>(w.row_bytes) % l.chunk_bytes == 0;
 }
 
@@ -47,21 +58,54 @@ void interleave_groups(const WeightMatrix& w, uint8_t* dst, int64_t group, int64
   }
 }
 
+// Block types' panels: each block of a group's rows becomes one panel block
+// (legacy_quants.h, k_quants.h).
+void interleave_block_panels(const WeightMatrix& w, uint8_t* dst) {
+  const auto block = static_cast<int64_t>(dtype_block_bytes(w.type));
+  const int64_t n_blocks = static_cast<int64_t>(w.row_bytes) / block;
+  const uint8_t* blocks[kPanelRows];
+  for (int64_t g = 0; g < w.rows / kPanelRows; ++g) {
+    const size_t first = static_cast<size_t>(g * kPanelRows) * w.row_bytes;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      for (int r = 0; r < kPanelRows; ++r) blocks[r] = w.data + first + r * w.row_bytes + b * block;
+      uint8_t* panel = dst + first + b * kPanelRows * block;
+      if (w.type == DType::kQ4_K) {
+        pack_q4_k_panel(blocks, panel);
+      } else {
+        pack_legacy_panel(w.type, blocks, panel);
+      }
+    }
+  }
+}
+
 }  // namespace
 
-WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst) {
-  TANDEM_ASSERT(can_interleave(w));
-  const auto [group, chunk] = interleaved_layout(w.type);
-  switch (chunk) {
-    case 2: interleave_groups<2>(w, dst, group, chunk); break;
-    case 4: interleave_groups<4>(w, dst, group, chunk); break;
-    default: interleave_groups<0>(w, dst, group, chunk); break;
+WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst, Isa isa) {
+  TANDEM_ASSERT(can_interleave(w, isa));
+  const auto [group, chunk] = interleaved_layout(w.type, isa);
+  if (is_panel_layout(w.type, group) && has_block_panels(w.type)) {
+    interleave_block_panels(w, dst);
+  } else {
+    switch (chunk) {
+      case 2: interleave_groups<2>(w, dst, group, chunk); break;
+      case 4: interleave_groups<4>(w, dst, group, chunk); break;
+      default: interleave_groups<0>(w, dst, group, chunk); break;
+    }
   }
   WeightMatrix out = w;
   out.data = dst;
   out.group = group;
   out.chunk_bytes = chunk;
   return out;
+}
+
+void sum_q8_blocks(const BlockQ8_0Act* xq, int64_t ld_blocks, int64_t n_tokens, int64_t n_blocks, int32_t* xsum) {
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      int32_t s = 0;
+      for (int i = 0; i < 32; ++i) s += xq[t * ld_blocks + b].qs[i];
+      xsum[t * ld_blocks + b] = s;
+    }
 }
 
 bool all_take_q8_activations(std::span<const MatmulOutput> outputs) {
@@ -76,6 +120,7 @@ namespace {
 // row's result never depends on the other rows).
 struct InputScratch {
   std::vector<BlockQ8_0Act> xq;
+  std::vector<int32_t> xsum;
   std::vector<float> rounded;
   std::vector<uint16_t> xb;
 };
@@ -87,11 +132,25 @@ struct PreparedInput {
   int64_t ldxq = 0;
   const float* rounded = nullptr;  // bf16-rounded x, k apart
   const uint16_t* xb = nullptr;
+  const int32_t* xsum = nullptr;  // block sums of xq, for panels of the 32-element types
 };
 
-PreparedInput prepare_input(const MatmulInput& in, int64_t k, int64_t n_tokens, bool any_q8, bool any_bf16,
+// What a group's weights need of its input.
+struct InputNeeds {
+  bool q8 = false;       // quantized activations
+  bool bf16 = false;     // bf16-rounded activations
+  bool q8_sums = false;  // and their block sums
+  void add(const WeightMatrix& w) {
+    q8 |= takes_q8_activations(w.type);
+    bf16 |= w.type == DType::kBF16;
+    q8_sums |= has_block_panels(w.type) && is_panel_layout(w.type, w.group);
+  }
+};
+
+PreparedInput prepare_input(const MatmulInput& in, int64_t k, int64_t n_tokens, const InputNeeds& needs,
                             InputScratch& s, ThreadPool& pool) {
-  PreparedInput p{in.x, in.ldx, in.xq, in.ldxq, nullptr, nullptr};
+  const bool any_q8 = needs.q8, any_bf16 = needs.bf16;
+  PreparedInput p{in.x, in.ldx, in.xq, in.ldxq, nullptr, nullptr, nullptr};
   const float* x = in.x;
   const int64_t ldx = in.ldx;
   if (any_q8 && p.xq == nullptr) {
@@ -104,6 +163,14 @@ PreparedInput prepare_input(const MatmulInput& in, int64_t k, int64_t n_tokens, 
     pool.parallel_for(n_tokens, 1, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) quantize_row_q8_0(x + t * ldx, q + t * p.ldxq, k);
     });
+  }
+  if (needs.q8_sums) {
+    s.xsum.resize(static_cast<size_t>(p.ldxq * n_tokens));
+    int32_t* sums = s.xsum.data();
+    const BlockQ8_0Act* q = p.xq;
+    const int64_t ld = p.ldxq;
+    pool.parallel_for(n_tokens, 1, [&](int64_t b, int64_t e) { sum_q8_blocks(q + b * ld, ld, e - b, k / 32, sums + b * ld); });
+    p.xsum = sums;
   }
   if (any_bf16) {
     s.rounded.resize(static_cast<size_t>(k * n_tokens));
@@ -123,6 +190,7 @@ GemmArgs gemm_args(const MatmulOutput& o, const PreparedInput& p, int64_t n_toke
   const int64_t k = o.w->cols;
   GemmArgs a{o.w->data, o.w->row_bytes, k,        p.x,   p.ldx, p.xq,         p.ldxq,
              p.xb,      k,              n_tokens, o.y,   o.ldy, o.w->group,   o.w->chunk_bytes};
+  a.xsum = p.xsum;
   if (o.w->type == DType::kBF16) {
     a.x = p.rounded;
     a.ldx = k;
@@ -172,15 +240,14 @@ void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_
   if (outputs.empty() || n_tokens == 0) return;
   TANDEM_ASSERT(outputs.size() <= kMaxOutputs);
   const int64_t k = outputs[0].w->cols;
-  bool any_q8 = false, any_bf16 = false;
+  InputNeeds needs;
   for (const auto& o : outputs) {
     TANDEM_ASSERT(o.w->cols == k, "a matmul group must share its input width");
-    any_q8 |= takes_q8_activations(o.w->type);
-    any_bf16 |= o.w->type == DType::kBF16;
+    needs.add(*o.w);
   }
   TANDEM_ASSERT(in.x != nullptr || (in.xq != nullptr && all_take_q8_activations(outputs)), "a matmul group needs its f32 input");
   thread_local InputScratch scratch;
-  const PreparedInput p = prepare_input(in, k, n_tokens, any_q8, any_bf16, scratch, pool);
+  const PreparedInput p = prepare_input(in, k, n_tokens, needs, scratch, pool);
   GemmArgs args[kMaxOutputs];
   const WeightMatrix* w[kMaxOutputs];
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -206,14 +273,12 @@ void matmul_tasks(std::span<const MatmulTask> tasks, ThreadPool& pool, const Mat
     const bool shared = i > 0 && t.in.x == tasks[i - 1].in.x && t.in.xq == tasks[i - 1].in.xq &&
                         t.n_tokens == tasks[i - 1].n_tokens && t.out.w->cols == tasks[i - 1].out.w->cols;
     if (!shared) {
-      bool any_q8 = false, any_bf16 = false;
-      for (size_t j = i; j < tasks.size() && tasks[j].in.x == t.in.x && tasks[j].in.xq == t.in.xq; ++j) {
-        any_q8 |= takes_q8_activations(tasks[j].out.w->type);
-        any_bf16 |= tasks[j].out.w->type == DType::kBF16;
-      }
-      TANDEM_ASSERT(t.in.x != nullptr || (t.in.xq != nullptr && !any_bf16), "a matmul task needs its f32 input");
+      InputNeeds needs;
+      for (size_t j = i; j < tasks.size() && tasks[j].in.x == t.in.x && tasks[j].in.xq == t.in.xq; ++j)
+        needs.add(*tasks[j].out.w);
+      TANDEM_ASSERT(t.in.x != nullptr || (t.in.xq != nullptr && !needs.bf16), "a matmul task needs its f32 input");
       if (scratch.size() <= n_inputs) scratch.resize(n_inputs + 1);
-      p = prepare_input(t.in, t.out.w->cols, t.n_tokens, any_q8, any_bf16, scratch[n_inputs++], pool);
+      p = prepare_input(t.in, t.out.w->cols, t.n_tokens, needs, scratch[n_inputs++], pool);
     }
     args[i] = gemm_args(t.out, p, t.n_tokens);
     w[i] = t.out.w;

@@ -11,6 +11,7 @@
 #include <span>
 
 #include "kernels/dtype.h"
+#include "kernels/isa.h"
 
 namespace tandem {
 class ThreadPool;
@@ -25,9 +26,11 @@ struct BlockQ8_0Act;
 // interleaved in groups by chunks of chunk_bytes, the layout the GEMV and GEMM
 // tiles stream best (see GemmArgs): the block types in groups of 8 rows by
 // whole blocks (q8_0: 34 bytes), which keeps the arithmetic of plain rows;
-// f32, f16 and bf16 in panels of 16
-// rows by single elements (bf16: pairs), whose vector kernels reduce in a
-// different (fixed) order than on plain rows.
+// f32, f16 and bf16 in panels of 16 rows by single elements (bf16: pairs),
+// and for the AVX-512 kernels the 32-element block types (q4_0, q4_1, q5_0,
+// q5_1, iq4_nl) and q4_K in panels of 16 rows by 4-byte columns of each
+// block (legacy_quants.h, k_quants.h), whose vector kernels reduce in a different (fixed)
+// order than on plain rows.
 struct WeightMatrix {
   DType type = DType::kF32;
   const uint8_t* data = nullptr;
@@ -41,18 +44,24 @@ struct WeightMatrix {
 // Rows of a panel (the f32/f16/bf16 interleaved layout), the largest group.
 constexpr int64_t kPanelRows = 16;
 
-// The interleaved layout of a weight type: rows per group, bytes per chunk.
+// The interleaved layout of a weight type for the kernels of an ISA: rows
+// per group, bytes per chunk (a block type's panel: a block).
 struct InterleavedLayout {
   int64_t group;
   int64_t chunk_bytes;
 };
-InterleavedLayout interleaved_layout(DType t);
+InterleavedLayout interleaved_layout(DType t, Isa isa = active_isa());
+// Whether type t has a panel layout among the block types (the 32-element
+// types, q4_K).
+bool has_block_panels(DType t);
+// Whether a matrix of type t in groups of `group` rows is in panels.
+bool is_panel_layout(DType t, int64_t group);
 
 // Whether w can be interleaved: plain, whole groups of rows, rows of whole chunks.
-bool can_interleave(const WeightMatrix& w);
+bool can_interleave(const WeightMatrix& w, Isa isa = active_isa());
 // Writes w interleaved into dst (rows * row_bytes bytes, the same size) and
 // returns the matrix viewed there.
-WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst);
+WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst, Isa isa = active_isa());
 
 // One product in a group that shares its input x.
 struct MatmulOutput {
