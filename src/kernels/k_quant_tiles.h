@@ -378,50 +378,91 @@ inline float fma1(float x, float y, float z) {
   return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(x), _mm_set_ss(y), _mm_set_ss(z)));
 }
 
-// q4_K panels (k_quants.h) outside AVX-512's tiles, a row and a token at a
-// time: per sub-block j the exact integer dot product, then one FMA with
-// (d * sc_j) * dx and one of -(dmin * m_j) with dx * sum(x), in sub-block
-// order. These are the steps of the AVX-512 panel tile, so bitwise its
-// results; the layout is chosen for AVX-512 only, so this runs when a panel
-// meets another variant (tests, a forced TANDEM_ISA).
-template <typename Dot>
-void gemm_q4_k_panel_rows(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  const int64_t n_super = a.k / kSuperBlock;
-  const int64_t stride = kQ4KChunkBytes * a.w_group;
-  const __m256i ones = _mm256_set1_epi8(1);
-  BlockQ4_K wb;
+// Block panels (legacy_quants.h, k_quants.h) outside AVX-512's tiles, a row
+// and a token at a time: each weight block read back out of its panel
+// block, then Row::accumulate's exact integer dot products and FMAs, block
+// after block. These are the steps of the AVX-512 panel tiles, so bitwise
+// their results; the layout is chosen for AVX-512 only, so this runs when a
+// panel meets another variant (tests, a forced TANDEM_ISA). Row: a block's
+// kBytes and kElements, unpack (panel block, row, plain block) and
+// accumulate (plain block, its activation blocks, acc).
+template <typename Row>
+void gemm_panel_rows(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  const int64_t n_blocks = a.k / Row::kElements;
+  const int64_t stride = Row::kBytes * a.w_group;
+  uint8_t block[Row::kBytes];
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     const BlockQ8_0Act* x = a.xq + t * a.ldxq;
     for (int64_t r = row_begin; r < row_end; ++r) {
       const uint8_t* group = a.w + static_cast<size_t>(r / a.w_group * a.w_group) * a.w_row_bytes;
       float acc = 0.0f;
-      for (int64_t s = 0; s < n_super; ++s) {
-        unpack_q4_k_panel_row(group + s * stride, static_cast<int>(r % a.w_group), reinterpret_cast<uint8_t*>(&wb));
-        const float d = _cvtsh_ss(wb.d), dmin = _cvtsh_ss(wb.dmin);
-        for (int j = 0; j < 8; ++j) {
-          uint8_t sc, m;
-          q4_k_scale_min(wb.scales, j, &sc, &m);
-          const BlockQ8_0Act& xb = x[8 * s + j];
-          const __m256i xv = load_x(xb);
-          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.qs + 32 * (j / 2)));
-          const __m128i v2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.qs + 32 * (j / 2) + 16));
-          const __m256i bytes = _mm256_set_m128i(v2, v);
-          const __m256i codes = _mm256_and_si256(j % 2 == 0 ? bytes : _mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(0x0F));
-          const int32_t dot = hsum_epi32(Dot::lanes(codes, xv));
-          const int32_t xsum = hsum_epi32(Dot::lanes(ones, xv));
-          acc = fma1(static_cast<float>(dot), (d * static_cast<float>(sc)) * xb.d, acc);
-          acc = fma1(-(dmin * static_cast<float>(m)), xb.d * static_cast<float>(xsum), acc);
-        }
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        Row::unpack(group + b * stride, static_cast<int>(r % a.w_group), block);
+        acc = Row::accumulate(block, x + b * (Row::kElements / 32), acc);
       }
       a.y[t * a.ldy + r] = acc;
     }
   }
 }
 
+// A 256-element type's rows out of its panels.
+template <DType kType, typename Block>
+struct KQuantPanelRow {
+  static constexpr int64_t kBytes = sizeof(Block), kElements = kSuperBlock;
+  static void unpack(const uint8_t* panel, int r, uint8_t* block) { unpack_k_quant_panel_row(kType, panel, r, block); }
+  static Block read(const uint8_t* block) {
+    Block b;
+    std::memcpy(&b, block, sizeof b);
+    return b;
+  }
+};
+
+// q4_K: per sub-block j, one FMA with (d * sc_j) * dx and one of
+// -(dmin * m_j) with dx * sum(x).
+template <typename Dot>
+struct Q4KPanelRow : KQuantPanelRow<DType::kQ4_K, BlockQ4_K> {
+  static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
+    const BlockQ4_K wb = read(block);
+    const __m256i ones = _mm256_set1_epi8(1);
+    const float d = _cvtsh_ss(wb.d), dmin = _cvtsh_ss(wb.dmin);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      q4_k_scale_min(wb.scales, j, &sc, &m);
+      const __m256i xv = load_x(x[j]);
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.qs + 32 * (j / 2)));
+      const __m128i v2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.qs + 32 * (j / 2) + 16));
+      const __m256i bytes = _mm256_set_m128i(v2, v);
+      const __m256i codes = _mm256_and_si256(j % 2 == 0 ? bytes : _mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(0x0F));
+      const int32_t dot = hsum_epi32(Dot::lanes(codes, xv));
+      const int32_t xsum = hsum_epi32(Dot::lanes(ones, xv));
+      acc = fma1(static_cast<float>(dot), (d * static_cast<float>(sc)) * x[j].d, acc);
+      acc = fma1(-(dmin * static_cast<float>(m)), x[j].d * static_cast<float>(xsum), acc);
+    }
+    return acc;
+  }
+};
+
+// q6_K: per activation block the exact integer sum of sc * (q - 32) * x over
+// its two scaled halves, then one FMA with d * dx.
+struct Q6KPanelRow : KQuantPanelRow<DType::kQ6_K, BlockQ6_K> {
+  static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
+    const BlockQ6_K wb = read(block);
+    Q16Row q;
+    Q6KUnpack::unpack(&wb, q);
+    const float d = _cvtsh_ss(wb.d);
+    for (int k = 0; k < 8; ++k) {
+      const __m256i pairs = _mm256_maddubs_epi16(q.q_abs[k], _mm256_sign_epi8(load_x(x[k]), q.q[k]));
+      const int32_t dot = hsum_epi32(_mm256_madd_epi16(pairs, q.scales[k]));
+      acc = fma1(static_cast<float>(dot), d * x[k].d, acc);
+    }
+    return acc;
+  }
+};
+
 template <typename Dot>
 void gemm_q4_k(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ4_K, a.w_group)) {
-    gemm_q4_k_panel_rows<Dot>(a, b, e);
+    gemm_panel_rows<Q4KPanelRow<Dot>>(a, b, e);
   } else {
     gemm_driver<Q45KTile<Dot, Q4KUnpack>::template Fn, kKQuantPlan>(a, b, e);
   }
@@ -438,6 +479,13 @@ void gemm_iq4_xs(const GemmArgs& a, int64_t b, int64_t e) {
 template <typename Unpack>
 void gemm_q16_k(const GemmArgs& a, int64_t b, int64_t e) {
   gemm_driver<Q16KTile<Unpack>::template Fn, kKQuantPlan>(a, b, e);
+}
+inline void gemm_q6_k(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(DType::kQ6_K, a.w_group)) {
+    gemm_panel_rows<Q6KPanelRow>(a, b, e);
+  } else {
+    gemm_q16_k<Q6KUnpack>(a, b, e);
+  }
 }
 
 }  // namespace

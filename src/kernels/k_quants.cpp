@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <span>
 
 #include "util/error.h"
 #include "util/fp16.h"
@@ -284,33 +285,66 @@ void quantize_row_iq4_xs(const float* x, uint8_t* out, int64_t n) {
 
 namespace {
 
-// Moves row r's block between its plain bytes and a q4_K panel block
-// (kPack: plain to panel; otherwise back), in 2- and 4-byte pieces.
+// A field of a panel block: `count` pieces of `bytes` from block offset
+// block_at, piece i of row r at panel_at + 64 i + bytes * r.
+struct PanelField {
+  int panel_at, block_at, bytes, count;
+};
+
+constexpr PanelField kQ4KPanel[] = {
+    {0, offsetof(BlockQ4_K, d), 2, 1},
+    {32, offsetof(BlockQ4_K, dmin), 2, 1},
+    {kQ4KPanelScales, offsetof(BlockQ4_K, scales), 4, 3},
+    {kQ4KPanelQs, offsetof(BlockQ4_K, qs), 4, 32},
+};
+constexpr PanelField kQ6KPanel[] = {
+    {0, offsetof(BlockQ6_K, ql), 4, 32},
+    {kQ6KPanelQh, offsetof(BlockQ6_K, qh), 4, 16},
+    {kQ6KPanelScales, offsetof(BlockQ6_K, scales), 4, 4},
+    {kQ6KPanelD, offsetof(BlockQ6_K, d), 2, 1},
+};
+static_assert(kQ4KPanelQs + 64 * 32 == 16 * sizeof(BlockQ4_K));
+static_assert(kQ6KPanelD + 32 == 16 * sizeof(BlockQ6_K));
+
+std::span<const PanelField> panel_fields(DType t) {
+  TANDEM_ASSERT(has_k_quant_panels(t));
+  if (t == DType::kQ4_K) return kQ4KPanel;
+  return kQ6KPanel;
+}
+
+// Moves row r's block between its plain bytes and a panel block (kPack:
+// plain to panel; otherwise back).
 template <bool kPack, typename Panel>
-void move_q4_k_panel_row(Panel* panel, int r, uint8_t* block) {
-  auto move = [&](int panel_at, int block_at, int n) {
-    if constexpr (kPack) {
-      std::memcpy(panel + panel_at, block + block_at, static_cast<size_t>(n));
-    } else {
-      std::memcpy(block + block_at, panel + panel_at, static_cast<size_t>(n));
+void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
+  for (const PanelField& f : panel_fields(t)) {
+    for (int i = 0; i < f.count; ++i) {
+      Panel* at = panel + f.panel_at + 64 * i + f.bytes * r;
+      uint8_t* plain = block + f.block_at + f.bytes * i;
+      if constexpr (kPack) {
+        std::memcpy(at, plain, static_cast<size_t>(f.bytes));
+      } else {
+        std::memcpy(plain, at, static_cast<size_t>(f.bytes));
+      }
     }
-  };
-  move(2 * r, offsetof(BlockQ4_K, d), 2);
-  move(32 + 2 * r, offsetof(BlockQ4_K, dmin), 2);
-  for (int w = 0; w < 3; ++w) move(kQ4KPanelScales + 64 * w + 4 * r, static_cast<int>(offsetof(BlockQ4_K, scales)) + 4 * w, 4);
-  for (int v = 0; v < 32; ++v) move(kQ4KPanelQs + 64 * v + 4 * r, static_cast<int>(offsetof(BlockQ4_K, qs)) + 4 * v, 4);
+  }
 }
 
 }  // namespace
 
-void pack_q4_k_panel(const uint8_t* const* blocks, uint8_t* panel) {
-  uint8_t block[sizeof(BlockQ4_K)];
+bool has_k_quant_panels(DType t) { return t == DType::kQ4_K || t == DType::kQ6_K; }
+
+void pack_k_quant_panel(DType t, const uint8_t* const* blocks, uint8_t* panel) {
+  uint8_t block[sizeof(BlockQ6_K)];
+  const size_t bytes = dtype_block_bytes(t);
+  TANDEM_ASSERT(bytes <= sizeof block);
   for (int r = 0; r < 16; ++r) {
-    std::memcpy(block, blocks[r], sizeof block);
-    move_q4_k_panel_row<true>(panel, r, block);
+    std::memcpy(block, blocks[r], bytes);
+    move_panel_row<true>(t, panel, r, block);
   }
 }
 
-void unpack_q4_k_panel_row(const uint8_t* panel, int r, uint8_t* block) { move_q4_k_panel_row<false>(panel, r, block); }
+void unpack_k_quant_panel_row(DType t, const uint8_t* panel, int r, uint8_t* block) {
+  move_panel_row<false>(t, panel, r, block);
+}
 
 }  // namespace tandem::kernels

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "kernels/dtype.h"
+
 namespace tandem::kernels {
 
 constexpr int64_t kSuperBlock = 256;
@@ -122,19 +124,27 @@ void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 // for q4_K and q5_K, the min) that spans its values, then the block's scales quantized
 // against the largest. Not llama.cpp's search for the least squared error:
 // files tandem writes are valid GGUF of these types, a little less accurate.
-// q4_K's panel layout (matmul.h: 16 rows interleaved, for the AVX-512
-// tiles): a group of 16 rows stores each 256-element block index as one
-// panel block of the 16 rows' blocks, the same bytes rearranged: the 16 d
-// (f16), the 16 dmin, 3 x 64 bytes of scales (vector w, bytes 4r..4r+3:
-// row r's scales[4w..4w+3]), then 32 x 64 bytes of nibbles (vector v, bytes
-// 4r..4r+3: row r's qs[4v..4v+3]; so the low nibbles of vector 8i + c are
-// column c, elements 4c..4c+3, of sub-block 2i, the high ones of 2i + 1).
+// The panel layouts of q4_K and q6_K (matmul.h: 16 rows interleaved, for
+// the AVX-512 tiles). A group of 16 rows stores each 256-element block index
+// as one panel block of the 16 rows' blocks, the same bytes rearranged in
+// vectors of 64 bytes: vector v of a field holds, at bytes 4r..4r+3 (2r,
+// 2r+1 for the f16 scales), row r's bytes 4v..4v+3 of that field.
+//  - q4_K: the 16 d, the 16 dmin, 3 vectors of scales, then 32 of qs (the
+//    low nibbles of vector 8i + c are column c, elements 4c..4c+3, of
+//    sub-block 2i, the high ones of 2i + 1);
+//  - q6_K: 32 vectors of ql, 16 of qh, 4 of scales, then the 16 d (the wide
+//    fields first, so that they start on a cache line in every other block).
 constexpr int kQ4KPanelScales = 64;
 constexpr int kQ4KPanelQs = 256;
+constexpr int kQ6KPanelQh = 2048;
+constexpr int kQ6KPanelScales = 3072;
+constexpr int kQ6KPanelD = 3328;
+// Whether type t (a 256-element type) has a panel layout.
+bool has_k_quant_panels(DType t);
 // Packs blocks[0..16) (one block of each row) into one panel block.
-void pack_q4_k_panel(const uint8_t* const* blocks, uint8_t* panel);
+void pack_k_quant_panel(DType t, const uint8_t* const* blocks, uint8_t* panel);
 // Row r's block, as stored in a plain row, out of a panel block.
-void unpack_q4_k_panel_row(const uint8_t* panel, int r, uint8_t* block);
+void unpack_k_quant_panel_row(DType t, const uint8_t* panel, int r, uint8_t* block);
 
 void quantize_row_q4_k(const float* x, uint8_t* out, int64_t n);
 void quantize_row_q5_k(const float* x, uint8_t* out, int64_t n);

@@ -333,7 +333,7 @@ const IsaKernels kAvx2Kernels = {
     gemm_bf16,
     gemm_q8_0,
     gemm_q4_k<DotLanes>,
-    gemm_q16_k<Q6KUnpack>,
+    gemm_q6_k,
     gemm_legacy<DotLanes, Q4_0Format>,
     gemm_legacy<DotLanes, Q4_1Format>,
     gemm_legacy<DotLanes, Q5_0Format>,

@@ -38,10 +38,8 @@ constexpr int64_t kPrefetchLines = 8;
 // 10 pairs faster).
 constexpr int64_t kQ8PrefetchLines = 32;
 
-// The 32-element types' panel decode tile fetches each group's stream this
-// far ahead.
-constexpr int64_t kLegacyPanelPrefetchBytes = 2048;
-constexpr int64_t kQ4KPanelPrefetchBytes = 2048;
+// The block panels' decode tiles fetch each group's stream this far ahead.
+constexpr int64_t kBlockPanelPrefetchBytes = 2048;
 
 // A decode tile of R > w_group rows streams R / w_group interleaved groups
 // side by side, and the next tile's groups follow in memory. A stream's
@@ -183,11 +181,28 @@ struct PanelBf16 {
   static __m512 madd(__m512 acc, W w, B b) { return _mm512_dpbf16_ps(acc, w, b); }
 };
 
+template <int G, int T>
+inline void zero(__m512 (&acc)[G][T]) {
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
+}
+
+// A panel tile's sums: token t0 + t of group g0 + g's rows in acc[g][t], of
+// which the job's rows are stored.
+template <int G, int T>
+inline void store_panel_tile(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job,
+                             const __m512 (&acc)[G][T]) {
+  for (int g = 0; g < G; ++g) {
+    const auto [lo, hi] = stored_rows(job, g0 + g);
+    const auto m = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(a.y + (t0 + t) * a.ldy + (g0 + g) * kPanelRows, m, acc[g][t]);
+  }
+}
+
 template <typename P, int G, int T>
 inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   __m512 acc[G][T];
-  for (int g = 0; g < G; ++g)
-    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
+  zero(acc);
   const int64_t group_bytes = kPanelRows * static_cast<int64_t>(a.w_row_bytes);
   const uint8_t* w = a.w + g0 * group_bytes;
   const typename P::X* x[T];
@@ -214,11 +229,7 @@ inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTil
       for (int g = 0; g < G; ++g) acc[g][t] = P::madd(acc[g][t], wv[g], b);
     }
   }
-  for (int g = 0; g < G; ++g) {
-    const auto [lo, hi] = stored_rows(job, g0 + g);
-    const auto m = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(a.y + (t0 + t) * a.ldy + (g0 + g) * kPanelRows, m, acc[g][t]);
-  }
+  store_panel_tile(a, g0, t0, job, acc);
 }
 
 // Q8_0: per block an exact int32 dot product in 8 lanes (4 products each),
@@ -694,47 +705,75 @@ struct LegacyTile512 {
 // Prompt tiles of 4 rows x 6 tokens (three pairs), as Q8_0's.
 constexpr GemmPlan kLegacyPlan{4, 6, 8, 32, 126};
 
+// What the block panel tiles share: the activations of their T tokens
+// (blocks and block sums, GemmArgs::xsum), the weights of their G groups,
+// and the fetching of what they stream.
+template <int G, int T>
+struct BlockPanelTile {
+  const BlockQ8_0Act* x[T];
+  const int32_t* xs[T];
+  const uint8_t* w;
+  int64_t group_bytes;
+  const uint8_t* pf;
+  int64_t pf_left;
+
+  BlockPanelTile(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job)
+      : group_bytes(kPanelRows * static_cast<int64_t>(a.w_row_bytes)), pf(job.prefetch), pf_left(job.prefetch_lines) {
+    w = a.w + g0 * group_bytes;
+    for (int t = 0; t < T; ++t) {
+      x[t] = a.xq + (t0 + t) * a.ldxq;
+      xs[t] = a.xsum + (t0 + t) * a.ldxq;
+    }
+  }
+  // Byte `off` of group g's panels.
+  const uint8_t* at(int g, int64_t off) const { return w + g * group_bytes + off; }
+  // Before a step over bytes [off, off + bytes) of each group's panels: a
+  // decode tile fetches each group's stream kBlockPanelPrefetchBytes ahead
+  // (see tile_panel); a prompt tile fetches its share of the next panel.
+  void fetch(int64_t off, int64_t bytes) {
+    if constexpr (T == 1) {
+      for (int64_t line = 0; line < bytes; line += 64)
+        for (int g = 0; g < G; ++g)
+          prefetch_ahead(at(g, 0), off + line + kBlockPanelPrefetchBytes, group_bytes, (G - 1) * group_bytes);
+    } else {
+      for (int64_t i = 0; i < (bytes * G + 63) / 64 && pf_left > 0; ++i, --pf_left, pf += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
+    }
+  }
+};
+
+// Four activations at column c (elements 4c..4c+3) of a block, broadcast.
+inline __m512i x_column(const BlockQ8_0Act& x, int c) {
+  int32_t v;
+  std::memcpy(&v, x.qs + 4 * c, 4);
+  return _mm512_set1_epi32(v);
+}
+
 // The 32-element types' panel tile (panels: legacy_quants.h): G groups of
 // 16 rows x T tokens. A vector of 16 rows' 4 codes at one column of a block
 // meets the token's 4 activations at that column broadcast (vpdpbusd), so
 // each lane sums its row's exact integer dot product of the block, started
 // at -offset * sum(x); then per block one FMA with d * dx (and, with a min,
-// one of m with dx * sum(x)), the steps of gemm_legacy_panel_rows. Against
+// one of m with dx * sum(x)), the steps of LegacyPanelRow. Against
 // the tiles of plain rows, a block costs its float steps once per 16 rows
 // instead of once per row.
 template <typename F, int G, int T>
 inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kLegacyPanelRows * F::kBytes;
   const LegacyPanelLayout l = legacy_panel_layout(F::kType);
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  const auto& x = tile.x;
+  const auto& xs = tile.xs;
   __m512 acc[G][T];
-  for (int g = 0; g < G; ++g)
-    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
-  const int64_t group_bytes = kPanelRows * static_cast<int64_t>(a.w_row_bytes);
-  const uint8_t* w = a.w + g0 * group_bytes;
+  zero(acc);
   const int64_t n_blocks = a.k / 32;
-  const BlockQ8_0Act* x[T];
-  const int32_t* xs[T];
-  for (int t = 0; t < T; ++t) {
-    x[t] = a.xq + (t0 + t) * a.ldxq;
-    xs[t] = a.xsum + (t0 + t) * a.ldxq;
-  }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i bit4 = _mm512_set1_epi8(0x10);
   [[maybe_unused]] const __m512i levels =
       _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlBiasedLevels)));
-  const uint8_t* pf = job.prefetch;
-  int64_t pf_left = job.prefetch_lines;
   for (int64_t b = 0; b < n_blocks; ++b) {
     const int64_t off = b * kPanelBytes;
-    if constexpr (T == 1) {
-      // Decode: each group is a stream (see tile_panel).
-      for (int64_t line = 0; line < kPanelBytes; line += 64)
-        for (int g = 0; g < G; ++g)
-          prefetch_ahead(w + g * group_bytes, off + line + kLegacyPanelPrefetchBytes, group_bytes, (G - 1) * group_bytes);
-    } else {
-      for (int i = 0; i < (kPanelBytes * G + 63) / 64 && pf_left > 0; ++i, --pf_left, pf += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
-    }
+    tile.fetch(off, kPanelBytes);
     __m512i dot[G][T];
     for (int t = 0; t < T; ++t) {
       const __m512i start = _mm512_set1_epi32(-F::kOffset * xs[t][b]);
@@ -742,7 +781,7 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
     }
     for (int j = 0; j < 4; ++j) {
       for (int g = 0; g < G; ++g) {
-        const uint8_t* pb = w + g * group_bytes + off;
+        const uint8_t* pb = tile.at(g, off);
         const __m512i packed = _mm512_loadu_si512(pb + l.qs + 64 * j);
         __m512i lo = _mm512_and_si512(packed, low4);
         __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
@@ -756,16 +795,13 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
           hi = _mm512_shuffle_epi8(levels, hi);
         }
         for (int t = 0; t < T; ++t) {
-          int32_t x_lo, x_hi;
-          std::memcpy(&x_lo, x[t][b].qs + 4 * j, 4);
-          std::memcpy(&x_hi, x[t][b].qs + 16 + 4 * j, 4);
-          dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], lo, _mm512_set1_epi32(x_lo));
-          dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], hi, _mm512_set1_epi32(x_hi));
+          dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], lo, x_column(x[t][b], j));
+          dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], hi, x_column(x[t][b], 4 + j));
         }
       }
     }
     for (int g = 0; g < G; ++g) {
-      const uint8_t* pb = w + g * group_bytes + off;
+      const uint8_t* pb = tile.at(g, off);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + l.d)));
       [[maybe_unused]] __m512 m;
       if constexpr (F::kMin) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + l.m)));
@@ -777,59 +813,39 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
       }
     }
   }
-  for (int g = 0; g < G; ++g) {
-    const auto [lo, hi] = stored_rows(job, g0 + g);
-    const auto mask = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(a.y + (t0 + t) * a.ldy + (g0 + g) * kPanelRows, mask, acc[g][t]);
-  }
+  store_panel_tile(a, g0, t0, job, acc);
 }
 
 // q4_K's panel tile (panels: k_quants.h): G groups of 16 rows x T tokens,
 // as the 32-element types' (tile_legacy_panel), per sub-block j of 32: each
 // lane's exact integer dot product, then one FMA with (d * sc_j) * dx and
-// one of -(dmin * m_j) with dx * sum(x), the steps of gemm_q4_k_panel_rows.
+// one of -(dmin * m_j) with dx * sum(x), the steps of Q4KPanelRow.
 template <int G, int T>
 inline void tile_q4_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kPanelRows * kQ4KChunkBytes;
   constexpr int64_t kSubBlockBytes = kPanelBytes / 8;
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  const auto& x = tile.x;
+  const auto& xs = tile.xs;
   __m512 acc[G][T];
-  for (int g = 0; g < G; ++g)
-    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
-  const int64_t group_bytes = kPanelRows * static_cast<int64_t>(a.w_row_bytes);
-  const uint8_t* w = a.w + g0 * group_bytes;
+  zero(acc);
   const int64_t n_super = a.k / kSuperBlock;
-  const BlockQ8_0Act* x[T];
-  const int32_t* xs[T];
-  for (int t = 0; t < T; ++t) {
-    x[t] = a.xq + (t0 + t) * a.ldxq;
-    xs[t] = a.xsum + (t0 + t) * a.ldxq;
-  }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i low6 = _mm512_set1_epi32(63);
   const __m512i low4_32 = _mm512_set1_epi32(0x0F);
   const __m512i low2_32 = _mm512_set1_epi32(3);
-  const uint8_t* pf = job.prefetch;
-  int64_t pf_left = job.prefetch_lines;
   for (int64_t s = 0; s < n_super; ++s) {
     const int64_t off = s * kPanelBytes;
     __m512 d[G], dmin[G];
     __m512i sw[G][3];
     for (int g = 0; g < G; ++g) {
-      const uint8_t* pb = w + g * group_bytes + off;
+      const uint8_t* pb = tile.at(g, off);
       d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb)));
       dmin[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 32)));
       for (int v = 0; v < 3; ++v) sw[g][v] = _mm512_loadu_si512(pb + kQ4KPanelScales + 64 * v);
     }
     for (int j = 0; j < 8; ++j) {
-      if constexpr (T == 1) {
-        for (int64_t line = 0; line < kSubBlockBytes; line += 64)
-          for (int g = 0; g < G; ++g)
-            prefetch_ahead(w + g * group_bytes, off + j * kSubBlockBytes + line + kQ4KPanelPrefetchBytes, group_bytes,
-                           (G - 1) * group_bytes);
-      } else {
-        for (int i = 0; i < (kSubBlockBytes * G + 63) / 64 && pf_left > 0; ++i, --pf_left, pf += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
-      }
+      tile.fetch(off + j * kSubBlockBytes, kSubBlockBytes);
       const int shift = 8 * (j % 4);
       __m512 dsc[G], dmm[G];
       for (int g = 0; g < G; ++g) {
@@ -851,13 +867,9 @@ inline void tile_q4_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
         for (int t = 0; t < T; ++t) dot[g][t] = _mm512_setzero_si512();
       for (int c = 0; c < 8; ++c) {
         for (int g = 0; g < G; ++g) {
-          const __m512i packed = _mm512_loadu_si512(w + g * group_bytes + off + kQ4KPanelQs + 64 * (8 * (j / 2) + c));
+          const __m512i packed = _mm512_loadu_si512(tile.at(g, off + kQ4KPanelQs + 64 * (8 * (j / 2) + c)));
           const __m512i codes = _mm512_and_si512(j % 2 == 0 ? packed : _mm512_srli_epi16(packed, 4), low4);
-          for (int t = 0; t < T; ++t) {
-            int32_t xc;
-            std::memcpy(&xc, x[t][8 * s + j].qs + 4 * c, 4);
-            dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], codes, _mm512_set1_epi32(xc));
-          }
+          for (int t = 0; t < T; ++t) dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], codes, x_column(x[t][8 * s + j], c));
         }
       }
       for (int t = 0; t < T; ++t) {
@@ -871,16 +883,95 @@ inline void tile_q4_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
       }
     }
   }
-  for (int g = 0; g < G; ++g) {
-    const auto [lo, hi] = stored_rows(job, g0 + g);
-    const auto mask = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(a.y + (t0 + t) * a.ldy + (g0 + g) * kPanelRows, mask, acc[g][t]);
+  store_panel_tile(a, g0, t0, job, acc);
+}
+
+// The sum of the first 16 of a block's activations.
+inline int32_t first_half_sum(const BlockQ8_0Act& x) {
+  // (x + 128 is unsigned: psadbw sums it in two 8-byte halves.)
+  const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs)), _mm_set1_epi8(-128));
+  const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128());
+  return _mm_cvtsi128_si32(s) + _mm_extract_epi32(s, 2) - 16 * 128;
+}
+
+// q6_K's panel tile (panels: k_quants.h): G groups of 16 rows x T tokens.
+// Per activation block k, each lane's exact integer dot products of its
+// row's q (0..63, six bits from ql and qh) with x over the block's two
+// 16-element halves, each started at -32 * the half's sum(x); then the
+// halves times their int8 scales into one exact int32 (the scalar
+// reference's integer) and one FMA with d * dx, the steps of Q6KPanelRow.
+template <int G, int T>
+inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr int64_t kPanelBytes = kPanelRows * kQ6KChunkBytes;
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  const auto& x = tile.x;
+  const auto& xs = tile.xs;
+  __m512 acc[G][T];
+  zero(acc);
+  const int64_t n_super = a.k / kSuperBlock;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i high2 = _mm512_set1_epi8(0x30);
+  for (int64_t s = 0; s < n_super; ++s) {
+    const int64_t off = s * kPanelBytes;
+    __m512 d[G];
+    __m512i sw[G][4];
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* pb = tile.at(g, off);
+      d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQ6KPanelD)));
+      for (int v = 0; v < 4; ++v) sw[g][v] = _mm512_loadu_si512(pb + kQ6KPanelScales + 64 * v);
+    }
+    for (int k = 0; k < 8; ++k) {
+      tile.fetch(off + k * (kPanelBytes / 8), kPanelBytes / 8);
+      const BlockQ8_0Act* xk[T];
+      __m512i dot[2][G][T];
+      for (int t = 0; t < T; ++t) {
+        xk[t] = &x[t][8 * s + k];
+        const int32_t first = first_half_sum(*xk[t]);
+        const __m512i start0 = _mm512_set1_epi32(-32 * first);
+        const __m512i start1 = _mm512_set1_epi32(-32 * (xs[t][8 * s + k] - first));
+        for (int g = 0; g < G; ++g) {
+          dot[0][g][t] = start0;
+          dot[1][g][t] = start1;
+        }
+      }
+      // Block k = 4 h + i: the low (i < 2) or high nibbles of ql[64 h + 32 (i % 2) + l] and
+      // bits 2 i, 2 i + 1 of qh[32 h + l] (k_quants.h's element order).
+      const int h = k / 4, i = k % 4;
+      const __m128i nibble_shift = _mm_cvtsi32_si128(4 * (i / 2));
+      for (int c = 0; c < 8; ++c) {
+        for (int g = 0; g < G; ++g) {
+          const __m512i ql = _mm512_loadu_si512(tile.at(g, off + 64 * (16 * h + 8 * (i % 2) + c)));
+          const __m512i qh = _mm512_loadu_si512(tile.at(g, off + kQ6KPanelQh + 64 * (8 * h + c)));
+          const __m512i high = i < 2 ? _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - 2 * i))
+                                     : _mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * i - 4));
+          const __m512i codes = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi16(ql, nibble_shift), low4),
+                                                _mm512_and_si512(high, high2));
+          for (int t = 0; t < T; ++t) dot[c / 4][g][t] = _mm512_dpbusd_epi32(dot[c / 4][g][t], codes, x_column(*xk[t], c));
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        // Scales 2 k and 2 k + 1: bytes 2 (k % 2) and 2 (k % 2) + 1 of vector k / 2, sign-extended.
+        const __m512i sv = sw[g][k / 2];
+        const __m512i sc0 = _mm512_srai_epi32(_mm512_sll_epi32(sv, _mm_cvtsi32_si128(24 - 16 * (k % 2))), 24);
+        const __m512i sc1 = _mm512_srai_epi32(_mm512_sll_epi32(sv, _mm_cvtsi32_si128(16 - 16 * (k % 2))), 24);
+        for (int t = 0; t < T; ++t) {
+          const __m512i total = _mm512_add_epi32(_mm512_mullo_epi32(dot[0][g][t], sc0), _mm512_mullo_epi32(dot[1][g][t], sc1));
+          acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d[g], _mm512_set1_ps(xk[t]->d)), acc[g][t]);
+        }
+      }
+    }
   }
+  store_panel_tile(a, g0, t0, job, acc);
 }
 
 template <int G, int T>
 struct Q4KPanelTile {
   static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_q4_k_panel<G, T>(a, g, t, job); }
+};
+
+template <int G, int T>
+struct Q6KPanelTile {
+  static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_q6_k_panel<G, T>(a, g, t, job); }
 };
 
 template <typename F>
@@ -922,6 +1013,14 @@ void gemm_legacy512(const GemmArgs& a, int64_t b, int64_t e) {
   }
 }
 
+void gemm_q6_k512(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(DType::kQ6_K, a.w_group)) {
+    block_panel_driver<Q6KPanelTile>(a, b, e);
+  } else {
+    gemm_q16_k<Q6KUnpack>(a, b, e);
+  }
+}
+
 void gemm_q4_k512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ4_K, a.w_group)) {
     block_panel_driver<Q4KPanelTile>(a, b, e);
@@ -938,7 +1037,7 @@ const IsaKernels kAvx512Kernels = {
     gemm_bf16,
     gemm_q8_0,
     gemm_q4_k512,
-    gemm_q16_k<Q6KUnpack>,
+    gemm_q6_k512,
     gemm_legacy512<Q4_0Format>,
     gemm_legacy512<Q4_1Format>,
     gemm_legacy512<Q5_0Format>,

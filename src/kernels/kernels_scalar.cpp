@@ -101,8 +101,9 @@ void gemm_legacy(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
 // K-quants (k_quants.h): per activation block of 32 an exact integer sum,
 // then its float terms, block after block. BlockTerms(block, q, j, x) is the
 // contribution of activation block j of a weight block whose values are q.
-template <typename Block, int64_t kChunk, void (*Values)(const Block&, uint8_t*), typename BlockTerms>
+template <DType kType, typename Block, void (*Values)(const Block&, uint8_t*), typename BlockTerms>
 void gemm_k_quant(const GemmArgs& a, int64_t row_begin, int64_t row_end, BlockTerms terms) {
+  constexpr auto kChunk = static_cast<int64_t>(sizeof(Block));
   const int64_t n_super = a.k / kSuperBlock;
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     const BlockQ8_0Act* xb = a.xq + t * a.ldxq;
@@ -111,14 +112,10 @@ void gemm_k_quant(const GemmArgs& a, int64_t row_begin, int64_t row_end, BlockTe
       float acc = 0.0f;
       for (int64_t s = 0; s < n_super; ++s) {
         Block wb;
-        if constexpr (std::is_same_v<Block, BlockQ4_K>) {
-          if (is_panel_layout(DType::kQ4_K, a.w_group)) {  // (read back into a block)
-            const uint8_t* group = gemm_row(a, r / a.w_group * a.w_group, kChunk);
-            unpack_q4_k_panel_row(group + s * kChunk * a.w_group, static_cast<int>(r % a.w_group),
-                                  reinterpret_cast<uint8_t*>(&wb));
-          } else {
-            std::memcpy(&wb, row + s * kChunk * a.w_group, sizeof wb);
-          }
+        if (is_panel_layout(kType, a.w_group)) {  // (read back into a block)
+          const uint8_t* group = gemm_row(a, r / a.w_group * a.w_group, kChunk);
+          unpack_k_quant_panel_row(kType, group + s * kChunk * a.w_group, static_cast<int>(r % a.w_group),
+                                   reinterpret_cast<uint8_t*>(&wb));
         } else {
           std::memcpy(&wb, row + s * kChunk * a.w_group, sizeof wb);
         }
@@ -146,15 +143,15 @@ float scaled_min_terms(const Block& wb, const uint8_t* q, int j, const BlockQ8_0
 }
 
 void gemm_q4_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  gemm_k_quant<BlockQ4_K, kQ4KChunkBytes, q4_k_values>(a, row_begin, row_end, scaled_min_terms<BlockQ4_K>);
+  gemm_k_quant<DType::kQ4_K, BlockQ4_K, q4_k_values>(a, row_begin, row_end, scaled_min_terms<BlockQ4_K>);
 }
 
 void gemm_q5_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  gemm_k_quant<BlockQ5_K, kQ5KChunkBytes, q5_k_values>(a, row_begin, row_end, scaled_min_terms<BlockQ5_K>);
+  gemm_k_quant<DType::kQ5_K, BlockQ5_K, q5_k_values>(a, row_begin, row_end, scaled_min_terms<BlockQ5_K>);
 }
 
 void gemm_q6_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  gemm_k_quant<BlockQ6_K, kQ6KChunkBytes, q6_k_values>(
+  gemm_k_quant<DType::kQ6_K, BlockQ6_K, q6_k_values>(
       a, row_begin, row_end, [](const BlockQ6_K& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
         int32_t dot = 0;
         for (int i = 0; i < 32; ++i) dot += wb.scales[2 * j + i / 16] * (q[32 * j + i] - 32) * x.qs[i];
@@ -164,7 +161,7 @@ void gemm_q6_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
 
 // q2_K: d * scale * q - dmin * min per 16-element half of the block.
 void gemm_q2_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  gemm_k_quant<BlockQ2_K, kQ2KChunkBytes, q2_k_values>(
+  gemm_k_quant<DType::kQ2_K, BlockQ2_K, q2_k_values>(
       a, row_begin, row_end, [](const BlockQ2_K& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
         int32_t dot = 0, mins = 0;
         for (int i = 0; i < 32; ++i) {
@@ -177,7 +174,7 @@ void gemm_q2_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
 }
 
 void gemm_q3_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  gemm_k_quant<BlockQ3_K, kQ3KChunkBytes, q3_k_values>(
+  gemm_k_quant<DType::kQ3_K, BlockQ3_K, q3_k_values>(
       a, row_begin, row_end, [](const BlockQ3_K& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
         const int scales[2] = {q3_k_scale(wb, 2 * j), q3_k_scale(wb, 2 * j + 1)};
         int32_t dot = 0;
@@ -187,7 +184,7 @@ void gemm_q3_k(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
 }
 
 void gemm_iq4_xs(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  gemm_k_quant<BlockIQ4_XS, kIQ4XSChunkBytes, iq4_xs_values>(
+  gemm_k_quant<DType::kIQ4_XS, BlockIQ4_XS, iq4_xs_values>(
       a, row_begin, row_end, [](const BlockIQ4_XS& wb, const uint8_t* q, int j, const BlockQ8_0Act& x) {
         int32_t dot = 0;
         for (int i = 0; i < 32; ++i) dot += kIq4NlLevels[q[32 * j + i]] * x.qs[i];

@@ -151,43 +151,31 @@ struct LegacyTile {
   };
 };
 
-// Panels (legacy_quants.h) outside AVX-512's tiles, a row and a token at a
-// time: per block the exact integer dot product, then one FMA with d * dx
-// and, with a min, one of m with dx * sum(x), in block order. These are the
-// steps of the AVX-512 panel tiles, so bitwise their results; the layout is
-// chosen for AVX-512 only, so this runs when a panel meets another variant
-// (tests, a forced TANDEM_ISA).
+// A 32-element type's rows out of its panels (gemm_panel_rows): per block
+// one FMA with d * dx and, with a min, one of m with dx * sum(x).
 template <typename Dot, typename F>
-void gemm_legacy_panel_rows(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  const int64_t n_blocks = a.k / 32;
-  const int64_t stride = F::kBytes * a.w_group;
-  const __m256i ones = _mm256_set1_epi8(1);
-  uint8_t plain[F::kBytes];
-  for (int64_t t = 0; t < a.n_tokens; ++t) {
-    const BlockQ8_0Act* x = a.xq + t * a.ldxq;
-    for (int64_t r = row_begin; r < row_end; ++r) {
-      const uint8_t* group = a.w + static_cast<size_t>(r / a.w_group * a.w_group) * a.w_row_bytes;
-      float acc = 0.0f;
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        unpack_legacy_panel_row(F::kType, group + b * stride, static_cast<int>(r % a.w_group), plain);
-        const __m256i xv = load_x(x[b]);
-        const int32_t xsum = hsum_epi32(Dot::lanes(ones, xv));
-        // (AVX2's u8 x s8 step saturates at codes as large as iq4_nl's: the
-        // signed values, with their sign moved onto x, as tile_legacy does.)
-        const __m256i q = legacy_values<F>(plain);
-        const int32_t dot = hsum_epi32(F::kMin ? Dot::lanes(q, xv) : Dot::lanes(_mm256_abs_epi8(q), _mm256_sign_epi8(xv, q)));
-        acc = fma1(static_cast<float>(dot), f16_at(plain) * x[b].d, acc);
-        if constexpr (F::kMin) acc = fma1(f16_at(plain + 2), x[b].d * static_cast<float>(xsum), acc);
-      }
-      a.y[t * a.ldy + r] = acc;
+struct LegacyPanelRow {
+  static constexpr int64_t kBytes = F::kBytes, kElements = 32;
+  static void unpack(const uint8_t* panel, int r, uint8_t* block) { unpack_legacy_panel_row(F::kType, panel, r, block); }
+  static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
+    const __m256i xv = load_x(*x);
+    // (AVX2's u8 x s8 step saturates at codes as large as iq4_nl's: the
+    // signed values, with their sign moved onto x, as tile_legacy does.)
+    const __m256i q = legacy_values<F>(block);
+    const int32_t dot = hsum_epi32(F::kMin ? Dot::lanes(q, xv) : Dot::lanes(_mm256_abs_epi8(q), _mm256_sign_epi8(xv, q)));
+    acc = fma1(static_cast<float>(dot), f16_at(block) * x->d, acc);
+    if constexpr (F::kMin) {
+      const int32_t xsum = hsum_epi32(Dot::lanes(_mm256_set1_epi8(1), xv));
+      acc = fma1(f16_at(block + 2), x->d * static_cast<float>(xsum), acc);
     }
+    return acc;
   }
-}
+};
 
 template <typename Dot, typename F>
 void gemm_legacy(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(F::kType, a.w_group)) {
-    gemm_legacy_panel_rows<Dot, F>(a, b, e);
+    gemm_panel_rows<LegacyPanelRow<Dot, F>>(a, b, e);
   } else {
     gemm_driver<LegacyTile<Dot, F>::template Fn, kKQuantPlan>(a, b, e);
   }

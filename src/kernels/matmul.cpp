@@ -19,7 +19,7 @@ constexpr size_t kMaxOutputs = 8;
 }  // namespace
 
 InterleavedLayout interleaved_layout(DType t, Isa isa) {
-  // The 32-element types and q4_K in panels for AVX-512's tiles (the other
+  // The 32-element types, q4_K and q6_K in panels for AVX-512's tiles (the other
   // variants read panels too, but their tiles are built for chunk groups).
   if (has_block_panels(t) && isa == Isa::kAvx512) return {kPanelRows, static_cast<int64_t>(dtype_block_bytes(t))};
   // Block types: groups of 8 rows by whole blocks.
@@ -28,7 +28,7 @@ InterleavedLayout interleaved_layout(DType t, Isa isa) {
   return {kPanelRows, static_cast<int64_t>(dtype_row_bytes(t, 1))};
 }
 
-bool has_block_panels(DType t) { return is_legacy_quant(t) || t == DType::kQ4_K; }
+bool has_block_panels(DType t) { return is_legacy_quant(t) || has_k_quant_panels(t); }
 
 bool is_panel_layout(DType t, int64_t group) {
   return group == kPanelRows && (is_float_dtype(t) || has_block_panels(t));
@@ -69,8 +69,8 @@ void interleave_block_panels(const WeightMatrix& w, uint8_t* dst) {
     for (int64_t b = 0; b < n_blocks; ++b) {
       for (int r = 0; r < kPanelRows; ++r) blocks[r] = w.data + first + r * w.row_bytes + b * block;
       uint8_t* panel = dst + first + b * kPanelRows * block;
-      if (w.type == DType::kQ4_K) {
-        pack_q4_k_panel(blocks, panel);
+      if (has_k_quant_panels(w.type)) {
+        pack_k_quant_panel(w.type, blocks, panel);
       } else {
         pack_legacy_panel(w.type, blocks, panel);
       }
