@@ -442,19 +442,28 @@ struct Q4KPanelRow : KQuantPanelRow<DType::kQ4_K, BlockQ4_K> {
   }
 };
 
-// q6_K: per activation block the exact integer sum of sc * (q - 32) * x over
-// its two scaled halves, then one FMA with d * dx.
+// q6_K: per 16-element half e of activation block k the exact integer sum
+// of (q - 32) * x, then one FMA with (d * sc_{2k+e}) * dx, in the order h
+// (the 128-element half of the block), e, i (k = 4 h + i).
 struct Q6KPanelRow : KQuantPanelRow<DType::kQ6_K, BlockQ6_K> {
   static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
     const BlockQ6_K wb = read(block);
     Q16Row q;
     Q6KUnpack::unpack(&wb, q);
     const float d = _cvtsh_ss(wb.d);
+    int32_t dot[8][2];
     for (int k = 0; k < 8; ++k) {
       const __m256i pairs = _mm256_maddubs_epi16(q.q_abs[k], _mm256_sign_epi8(load_x(x[k]), q.q[k]));
-      const int32_t dot = hsum_epi32(_mm256_madd_epi16(pairs, q.scales[k]));
-      acc = fma1(static_cast<float>(dot), d * x[k].d, acc);
+      const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));  // lanes 0-3: the first 16 elements
+      dot[k][0] = hsum_epi32(_mm256_permute2x128_si256(quads, quads, 0x80));
+      dot[k][1] = hsum_epi32(_mm256_permute2x128_si256(quads, quads, 0x81));
     }
+    for (int h = 0; h < 2; ++h)
+      for (int e = 0; e < 2; ++e)
+        for (int i = 0; i < 4; ++i) {
+          const int k = 4 * h + i;
+          acc = fma1(static_cast<float>(dot[k][e]), (d * static_cast<float>(wb.scales[2 * k + e])) * x[k].d, acc);
+        }
     return acc;
   }
 };

@@ -894,23 +894,58 @@ inline int32_t first_half_sum(const BlockQ8_0Act& x) {
   return _mm_cvtsi128_si32(s) + _mm_extract_epi32(s, 2) - 16 * 128;
 }
 
+// The 6-bit codes of q6_K's four activation blocks 4 h + i at one column
+// of a panel (k_quants.h's element order): the low (i < 2) or high nibbles of
+// ql0 (i even) or ql1 (i odd), vectors 16 h + c and 16 h + 8 + c, and bits
+// 2 i, 2 i + 1 of qh, vector 8 h + c, as bits 4 and 5.
+struct Q6KColumn {
+  __m512i ql0, ql1, high;  // high: qh, for code(i) to shift
+  static __m512i low4() { return _mm512_set1_epi8(0x0F); }
+  Q6KColumn(const uint8_t* panel, int h, int c)
+      : ql0(_mm512_loadu_si512(panel + 64 * (16 * h + c))),
+        ql1(_mm512_loadu_si512(panel + 64 * (16 * h + 8 + c))),
+        high(_mm512_loadu_si512(panel + kQ6KPanelQh + 64 * (8 * h + c))) {}
+  __m512i code(int i) const {
+    const __m512i high2 = _mm512_set1_epi8(0x30);
+    __m512i hi;
+    switch (i) {
+      case 0: hi = _mm512_slli_epi16(high, 4); break;
+      case 1: hi = _mm512_slli_epi16(high, 2); break;
+      case 2: hi = high; break;
+      default: hi = _mm512_srli_epi16(high, 2); break;
+    }
+    const __m512i ql = i % 2 == 0 ? ql0 : ql1;
+    const __m512i lo = i < 2 ? ql : _mm512_srli_epi16(ql, 4);
+    // (lo & 0x0F) | (hi & 0x30): a bitwise select under 0x0F of lo and hi & 0x30.
+    return _mm512_ternarylogic_epi32(low4(), lo, _mm512_and_si512(hi, high2), 0xCA);
+  }
+};
+
+// d * scale 2 k + e of q6_K block k for 16 rows: byte 2 (k % 2) + e of scales
+// vector k / 2, sign-extended.
+inline __m512 q6_k_scale(__m512 d, const __m512i (&sw)[4], int k, int e) {
+  const int byte = 2 * (k % 2) + e;
+  const __m512i sc = _mm512_srai_epi32(_mm512_sll_epi32(sw[k / 2], _mm_cvtsi32_si128(24 - 8 * byte)), 24);
+  return _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+}
+
 // q6_K's panel tile (panels: k_quants.h): G groups of 16 rows x T tokens.
-// Per activation block k, each lane's exact integer dot products of its
-// row's q (0..63, six bits from ql and qh) with x over the block's two
-// 16-element halves, each started at -32 * the half's sum(x); then the
-// halves times their int8 scales into one exact int32 (the scalar
-// reference's integer) and one FMA with d * dx, the steps of Q6KPanelRow.
+// Per 16-element half e of activation block k, each lane's exact integer
+// dot product of its row's q (0..63) with x, started at -32 times the
+// half's sum(x), then one FMA with (d * sc_{2k+e}) * dx; in the order h
+// (the 128-element half of the block), e, i (k = 4 h + i), so that a decode
+// tile can take the four blocks' codes of a column from the same three
+// vectors. The steps of Q6KPanelRow.
 template <int G, int T>
 inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kPanelRows * kQ6KChunkBytes;
+  constexpr int64_t kQuarterBytes = kPanelBytes / 4;
   BlockPanelTile<G, T> tile(a, g0, t0, job);
   const auto& x = tile.x;
   const auto& xs = tile.xs;
   __m512 acc[G][T];
   zero(acc);
   const int64_t n_super = a.k / kSuperBlock;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i high2 = _mm512_set1_epi8(0x30);
   for (int64_t s = 0; s < n_super; ++s) {
     const int64_t off = s * kPanelBytes;
     __m512 d[G];
@@ -920,43 +955,53 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
       d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQ6KPanelD)));
       for (int v = 0; v < 4; ++v) sw[g][v] = _mm512_loadu_si512(pb + kQ6KPanelScales + 64 * v);
     }
-    for (int k = 0; k < 8; ++k) {
-      tile.fetch(off + k * (kPanelBytes / 8), kPanelBytes / 8);
-      const BlockQ8_0Act* xk[T];
-      __m512i dot[2][G][T];
-      for (int t = 0; t < T; ++t) {
-        xk[t] = &x[t][8 * s + k];
-        const int32_t first = first_half_sum(*xk[t]);
-        const __m512i start0 = _mm512_set1_epi32(-32 * first);
-        const __m512i start1 = _mm512_set1_epi32(-32 * (xs[t][8 * s + k] - first));
-        for (int g = 0; g < G; ++g) {
-          dot[0][g][t] = start0;
-          dot[1][g][t] = start1;
-        }
+    // The half sums of every token's eight activation blocks: [t][k][e].
+    int32_t half[T][8][2];
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < 8; ++k) {
+        half[t][k][0] = first_half_sum(x[t][8 * s + k]);
+        half[t][k][1] = xs[t][8 * s + k] - half[t][k][0];
       }
-      // Block k = 4 h + i: the low (i < 2) or high nibbles of ql[64 h + 32 (i % 2) + l] and
-      // bits 2 i, 2 i + 1 of qh[32 h + l] (k_quants.h's element order).
-      const int h = k / 4, i = k % 4;
-      const __m128i nibble_shift = _mm_cvtsi32_si128(4 * (i / 2));
-      for (int c = 0; c < 8; ++c) {
-        for (int g = 0; g < G; ++g) {
-          const __m512i ql = _mm512_loadu_si512(tile.at(g, off + 64 * (16 * h + 8 * (i % 2) + c)));
-          const __m512i qh = _mm512_loadu_si512(tile.at(g, off + kQ6KPanelQh + 64 * (8 * h + c)));
-          const __m512i high = i < 2 ? _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - 2 * i))
-                                     : _mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * i - 4));
-          const __m512i codes = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi16(ql, nibble_shift), low4),
-                                                _mm512_and_si512(high, high2));
-          for (int t = 0; t < T; ++t) dot[c / 4][g][t] = _mm512_dpbusd_epi32(dot[c / 4][g][t], codes, x_column(*xk[t], c));
-        }
-      }
-      for (int g = 0; g < G; ++g) {
-        // Scales 2 k and 2 k + 1: bytes 2 (k % 2) and 2 (k % 2) + 1 of vector k / 2, sign-extended.
-        const __m512i sv = sw[g][k / 2];
-        const __m512i sc0 = _mm512_srai_epi32(_mm512_sll_epi32(sv, _mm_cvtsi32_si128(24 - 16 * (k % 2))), 24);
-        const __m512i sc1 = _mm512_srai_epi32(_mm512_sll_epi32(sv, _mm_cvtsi32_si128(16 - 16 * (k % 2))), 24);
-        for (int t = 0; t < T; ++t) {
-          const __m512i total = _mm512_add_epi32(_mm512_mullo_epi32(dot[0][g][t], sc0), _mm512_mullo_epi32(dot[1][g][t], sc1));
-          acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d[g], _mm512_set1_ps(xk[t]->d)), acc[g][t]);
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < 2; ++e) {
+        tile.fetch(off + (2 * h + e) * kQuarterBytes, kQuarterBytes);
+        if constexpr (T == 1) {
+          __m512i dot[4][G];
+          for (int i = 0; i < 4; ++i)
+            for (int g = 0; g < G; ++g) dot[i][g] = _mm512_set1_epi32(-32 * half[0][4 * h + i][e]);
+          for (int c = 4 * e; c < 4 * e + 4; ++c) {
+            __m512i xc[4];
+            for (int i = 0; i < 4; ++i) xc[i] = x_column(x[0][8 * s + 4 * h + i], c);
+            for (int g = 0; g < G; ++g) {
+              const Q6KColumn col(tile.at(g, off), h, c);
+              for (int i = 0; i < 4; ++i) dot[i][g] = _mm512_dpbusd_epi32(dot[i][g], col.code(i), xc[i]);
+            }
+          }
+          for (int i = 0; i < 4; ++i) {
+            const int k = 4 * h + i;
+            const __m512 dx = _mm512_set1_ps(x[0][8 * s + k].d);
+            for (int g = 0; g < G; ++g)
+              acc[g][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][g]), _mm512_mul_ps(q6_k_scale(d[g], sw[g], k, e), dx),
+                                          acc[g][0]);
+          }
+        } else {
+          for (int i = 0; i < 4; ++i) {
+            const int k = 4 * h + i;
+            __m512i dot[G][T];
+            for (int t = 0; t < T; ++t)
+              for (int g = 0; g < G; ++g) dot[g][t] = _mm512_set1_epi32(-32 * half[t][k][e]);
+            for (int c = 4 * e; c < 4 * e + 4; ++c)
+              for (int g = 0; g < G; ++g) {
+                const __m512i code = Q6KColumn(tile.at(g, off), h, c).code(i);
+                for (int t = 0; t < T; ++t) dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], code, x_column(x[t][8 * s + k], c));
+              }
+            for (int g = 0; g < G; ++g) {
+              const __m512 dsc = q6_k_scale(d[g], sw[g], k, e);
+              for (int t = 0; t < T; ++t)
+                acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[g][t]), _mm512_mul_ps(dsc, _mm512_set1_ps(x[t][8 * s + k].d)),
+                                            acc[g][t]);
+            }
+          }
         }
       }
     }
