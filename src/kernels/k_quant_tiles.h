@@ -444,7 +444,8 @@ struct Q4KPanelRow : KQuantPanelRow<DType::kQ4_K, BlockQ4_K> {
 
 // q6_K: per 16-element half e of activation block k the exact integer sum
 // of (q - 32) * x, then one FMA with (d * sc_{2k+e}) * dx, in the order h
-// (the 128-element half of the block), e, i (k = 4 h + i).
+// (the 128-element half of the block), e, then k = 4 h + i for i = 0, 2, 1,
+// 3 (tile_q6_k_panel's).
 struct Q6KPanelRow : KQuantPanelRow<DType::kQ6_K, BlockQ6_K> {
   static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
     const BlockQ6_K wb = read(block);
@@ -460,7 +461,7 @@ struct Q6KPanelRow : KQuantPanelRow<DType::kQ6_K, BlockQ6_K> {
     }
     for (int h = 0; h < 2; ++h)
       for (int e = 0; e < 2; ++e)
-        for (int i = 0; i < 4; ++i) {
+        for (int i : {0, 2, 1, 3}) {
           const int k = 4 * h + i;
           acc = fma1(static_cast<float>(dot[k][e]), (d * static_cast<float>(wb.scales[2 * k + e])) * x[k].d, acc);
         }

@@ -38,8 +38,13 @@ constexpr int64_t kPrefetchLines = 8;
 // 10 pairs faster).
 constexpr int64_t kQ8PrefetchLines = 32;
 
-// The block panels' decode tiles fetch each group's stream this far ahead.
-constexpr int64_t kBlockPanelPrefetchBytes = 2048;
+// The block panels' decode tiles fetch each group's stream this far ahead:
+// at least a panel block (q6_K: 3360 bytes), because a tile does not read a
+// block front to back (q6_K reads its qh, bytes 2048-3071, in the block's
+// first quarter). Small Q6_K tg128, three alternating pairs against 2048:
+// 147 / 152 / 135 -> 170 / 172 / 153 tokens/s; Q4_0 and Q4_K_M unchanged
+// within this host's noise (6144 no better, 8192 slower).
+constexpr int64_t kBlockPanelPrefetchBytes = 4096;
 
 // A decode tile of R > w_group rows streams R / w_group interleaved groups
 // side by side, and the next tile's groups follow in memory. A stream's
@@ -894,38 +899,34 @@ inline int32_t first_half_sum(const BlockQ8_0Act& x) {
   return _mm_cvtsi128_si32(s) + _mm_extract_epi32(s, 2) - 16 * 128;
 }
 
-// The 6-bit codes of q6_K's four activation blocks 4 h + i at one column
-// of a panel (k_quants.h's element order): the low (i < 2) or high nibbles of
-// ql0 (i even) or ql1 (i odd), vectors 16 h + c and 16 h + 8 + c, and bits
-// 2 i, 2 i + 1 of qh, vector 8 h + c, as bits 4 and 5.
-struct Q6KColumn {
-  __m512i ql0, ql1, high;  // high: qh, for code(i) to shift
-  static __m512i low4() { return _mm512_set1_epi8(0x0F); }
-  Q6KColumn(const uint8_t* panel, int h, int c)
-      : ql0(_mm512_loadu_si512(panel + 64 * (16 * h + c))),
-        ql1(_mm512_loadu_si512(panel + 64 * (16 * h + 8 + c))),
-        high(_mm512_loadu_si512(panel + kQ6KPanelQh + 64 * (8 * h + c))) {}
-  __m512i code(int i) const {
-    const __m512i high2 = _mm512_set1_epi8(0x30);
-    __m512i hi;
-    switch (i) {
-      case 0: hi = _mm512_slli_epi16(high, 4); break;
-      case 1: hi = _mm512_slli_epi16(high, 2); break;
-      case 2: hi = high; break;
-      default: hi = _mm512_srli_epi16(high, 2); break;
-    }
-    const __m512i ql = i % 2 == 0 ? ql0 : ql1;
-    const __m512i lo = i < 2 ? ql : _mm512_srli_epi16(ql, 4);
-    // (lo & 0x0F) | (hi & 0x30): a bitwise select under 0x0F of lo and hi & 0x30.
-    return _mm512_ternarylogic_epi32(low4(), lo, _mm512_and_si512(hi, high2), 0xCA);
+// q6_K's codes of activation block 4 h + i at column c of a panel block
+// (k_quants.h's element order): the low (i < 2) or high nibbles of ql
+// vector 16 h + 8 (i % 2) + c, and bits 2 i, 2 i + 1 of qh vector 8 h + c as
+// bits 4 and 5. Blocks i and i + 2 share their ql vector; all four their qh.
+inline const uint8_t* q6_k_ql(const uint8_t* panel, int h, int i, int c) { return panel + 64 * (16 * h + 8 * (i % 2) + c); }
+inline const uint8_t* q6_k_qh(const uint8_t* panel, int h, int c) { return panel + kQ6KPanelQh + 64 * (8 * h + c); }
+inline __m512i q6_k_codes(__m512i ql, __m512i qh, int i) {
+  __m512i hi;
+  switch (i) {
+    case 0: hi = _mm512_slli_epi16(qh, 4); break;
+    case 1: hi = _mm512_slli_epi16(qh, 2); break;
+    case 2: hi = qh; break;
+    default: hi = _mm512_srli_epi16(qh, 2); break;
   }
-};
+  const __m512i lo = i < 2 ? ql : _mm512_srli_epi16(ql, 4);
+  // (lo & 0x0F) | (hi & 0x30): a bitwise select under 0x0F of lo and hi &
+  // 0x30 (that one first: the instruction overwrites it, and it is dead).
+  return _mm512_ternarylogic_epi32(_mm512_and_si512(hi, _mm512_set1_epi8(0x30)), lo, _mm512_set1_epi8(0x0F), 0xD8);
+}
 
 // d * scale 2 k + e of q6_K block k for 16 rows: byte 2 (k % 2) + e of scales
-// vector k / 2, sign-extended.
-inline __m512 q6_k_scale(__m512 d, const __m512i (&sw)[4], int k, int e) {
+// vector k / 2, sign-extended (read from the panel block when needed: kept
+// in registers, a tile's scales would crowd out its accumulators).
+inline __m512 q6_k_scale(const uint8_t* panel, int k, int e) {
   const int byte = 2 * (k % 2) + e;
-  const __m512i sc = _mm512_srai_epi32(_mm512_sll_epi32(sw[k / 2], _mm_cvtsi32_si128(24 - 8 * byte)), 24);
+  const __m512i sv = _mm512_loadu_si512(panel + kQ6KPanelScales + 64 * (k / 2));
+  const __m512i sc = _mm512_srai_epi32(_mm512_sll_epi32(sv, _mm_cvtsi32_si128(24 - 8 * byte)), 24);
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + kQ6KPanelD)));
   return _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
 }
 
@@ -933,9 +934,9 @@ inline __m512 q6_k_scale(__m512 d, const __m512i (&sw)[4], int k, int e) {
 // Per 16-element half e of activation block k, each lane's exact integer
 // dot product of its row's q (0..63) with x, started at -32 times the
 // half's sum(x), then one FMA with (d * sc_{2k+e}) * dx; in the order h
-// (the 128-element half of the block), e, i (k = 4 h + i), so that a decode
-// tile can take the four blocks' codes of a column from the same three
-// vectors. The steps of Q6KPanelRow.
+// (the 128-element half of the block), e, then k = 4 h + i for i = 0, 2,
+// 1, 3, so that a decode tile takes blocks i and i + 2 from the same ql
+// vector. The steps of Q6KPanelRow.
 template <int G, int T>
 inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kPanelRows * kQ6KChunkBytes;
@@ -948,13 +949,6 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
   const int64_t n_super = a.k / kSuperBlock;
   for (int64_t s = 0; s < n_super; ++s) {
     const int64_t off = s * kPanelBytes;
-    __m512 d[G];
-    __m512i sw[G][4];
-    for (int g = 0; g < G; ++g) {
-      const uint8_t* pb = tile.at(g, off);
-      d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQ6KPanelD)));
-      for (int v = 0; v < 4; ++v) sw[g][v] = _mm512_loadu_si512(pb + kQ6KPanelScales + 64 * v);
-    }
     // The half sums of every token's eight activation blocks: [t][k][e].
     int32_t half[T][8][2];
     for (int t = 0; t < T; ++t)
@@ -962,45 +956,51 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
         half[t][k][0] = first_half_sum(x[t][8 * s + k]);
         half[t][k][1] = xs[t][8 * s + k] - half[t][k][0];
       }
+    // Block k's dot products, started, and their FMAs.
+    const auto start = [&](int k, int e, int t) { return _mm512_set1_epi32(-32 * half[t][k][e]); };
+    const auto add = [&](int k, int e, int g, int t, __m512i dot) {
+      const __m512 dx = _mm512_set1_ps(x[t][8 * s + k].d);
+      acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(q6_k_scale(tile.at(g, off), k, e), dx), acc[g][t]);
+    };
     for (int h = 0; h < 2; ++h) {
       for (int e = 0; e < 2; ++e) {
         tile.fetch(off + (2 * h + e) * kQuarterBytes, kQuarterBytes);
         if constexpr (T == 1) {
-          __m512i dot[4][G];
-          for (int i = 0; i < 4; ++i)
-            for (int g = 0; g < G; ++g) dot[i][g] = _mm512_set1_epi32(-32 * half[0][4 * h + i][e]);
-          for (int c = 4 * e; c < 4 * e + 4; ++c) {
-            __m512i xc[4];
-            for (int i = 0; i < 4; ++i) xc[i] = x_column(x[0][8 * s + 4 * h + i], c);
-            for (int g = 0; g < G; ++g) {
-              const Q6KColumn col(tile.at(g, off), h, c);
-              for (int i = 0; i < 4; ++i) dot[i][g] = _mm512_dpbusd_epi32(dot[i][g], col.code(i), xc[i]);
-            }
-          }
-          for (int i = 0; i < 4; ++i) {
+          for (int i = 0; i < 2; ++i) {  // blocks i and i + 2
             const int k = 4 * h + i;
-            const __m512 dx = _mm512_set1_ps(x[0][8 * s + k].d);
-            for (int g = 0; g < G; ++g)
-              acc[g][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][g]), _mm512_mul_ps(q6_k_scale(d[g], sw[g], k, e), dx),
-                                          acc[g][0]);
+            __m512i dot[2][G];
+            for (int g = 0; g < G; ++g) {
+              dot[0][g] = start(k, e, 0);
+              dot[1][g] = start(k + 2, e, 0);
+            }
+            for (int c = 4 * e; c < 4 * e + 4; ++c) {
+              const __m512i x0 = x_column(x[0][8 * s + k], c);
+              const __m512i x1 = x_column(x[0][8 * s + k + 2], c);
+              for (int g = 0; g < G; ++g) {
+                const uint8_t* pb = tile.at(g, off);
+                const __m512i ql = _mm512_loadu_si512(q6_k_ql(pb, h, i, c));
+                const __m512i qh = _mm512_loadu_si512(q6_k_qh(pb, h, c));
+                dot[0][g] = _mm512_dpbusd_epi32(dot[0][g], q6_k_codes(ql, qh, i), x0);
+                dot[1][g] = _mm512_dpbusd_epi32(dot[1][g], q6_k_codes(ql, qh, i + 2), x1);
+              }
+            }
+            for (int g = 0; g < G; ++g) add(k, e, g, 0, dot[0][g]);
+            for (int g = 0; g < G; ++g) add(k + 2, e, g, 0, dot[1][g]);
           }
         } else {
-          for (int i = 0; i < 4; ++i) {
+          for (int i : {0, 2, 1, 3}) {
             const int k = 4 * h + i;
             __m512i dot[G][T];
             for (int t = 0; t < T; ++t)
-              for (int g = 0; g < G; ++g) dot[g][t] = _mm512_set1_epi32(-32 * half[t][k][e]);
+              for (int g = 0; g < G; ++g) dot[g][t] = start(k, e, t);
             for (int c = 4 * e; c < 4 * e + 4; ++c)
               for (int g = 0; g < G; ++g) {
-                const __m512i code = Q6KColumn(tile.at(g, off), h, c).code(i);
+                const uint8_t* pb = tile.at(g, off);
+                const __m512i code = q6_k_codes(_mm512_loadu_si512(q6_k_ql(pb, h, i, c)), _mm512_loadu_si512(q6_k_qh(pb, h, c)), i);
                 for (int t = 0; t < T; ++t) dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], code, x_column(x[t][8 * s + k], c));
               }
-            for (int g = 0; g < G; ++g) {
-              const __m512 dsc = q6_k_scale(d[g], sw[g], k, e);
-              for (int t = 0; t < T; ++t)
-                acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[g][t]), _mm512_mul_ps(dsc, _mm512_set1_ps(x[t][8 * s + k].d)),
-                                            acc[g][t]);
-            }
+            for (int g = 0; g < G; ++g)
+              for (int t = 0; t < T; ++t) add(k, e, g, t, dot[g][t]);
           }
         }
       }
