@@ -607,10 +607,53 @@ TEST(Kernels, RmsNormQ8_0EqualsNormThenQuantize) {
   rms_norm(x.data(), n, w.data(), xn.data(), n, rows, n, 1e-5f);
   std::vector<BlockQ8_0Act> want(static_cast<size_t>(rows * n / 32)), got(want.size());
   for (int64_t r = 0; r < rows; ++r) quantize_row_q8_0(xn.data() + r * n, want.data() + r * (n / 32), n);
-  rms_norm_q8_0(x.data(), n, w.data(), got.data(), n / 32, rows, n, 1e-5f);
+  std::vector<int32_t> sums(want.size(), -1);
+  rms_norm_q8_0(x.data(), n, w.data(), got.data(), n / 32, rows, n, 1e-5f, sums.data());
   for (size_t b = 0; b < want.size(); ++b) {
     EXPECT_EQ(std::memcmp(&got[b].d, &want[b].d, sizeof(float)), 0) << b;
     EXPECT_EQ(std::memcmp(got[b].qs, want[b].qs, 32), 0) << b;
+    int32_t sum = 0;
+    for (int8_t q : want[b].qs) sum += q;
+    EXPECT_EQ(sums[b], sum) << b;
+  }
+}
+
+// Every ISA's activation quantizer gives the reference's bytes and block sums:
+// random rows, a zero block, a block of one value, ties at half a step, and
+// the largest magnitudes.
+TEST(Kernels, QuantizeQ8EqualsReferenceInEveryVariant) {
+  const int64_t n = 32 * 12;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-3, 3);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& f : x) f = u(rng);
+  std::fill_n(x.begin() + 32, 32, 0.0f);
+  std::fill_n(x.begin() + 64, 32, -1.25f);
+  // amax 127: d = 1, so these quants are exact ties (k + 0.5) that round to even.
+  for (int i = 0; i < 32; ++i) x[static_cast<size_t>(96 + i)] = i == 0 ? 127.0f : static_cast<float>(i - 16) + 0.5f;
+  for (int i = 0; i < 32; ++i) x[static_cast<size_t>(128 + i)] = i % 2 ? 3.0e38f : -1.0e-30f;
+  const int64_t nb = n / 32;
+  std::vector<BlockQ8_0Act> want(static_cast<size_t>(nb));
+  std::vector<int32_t> want_sums(want.size());
+  quantize_q8_reference(x.data(), want.data(), want_sums.data(), n);
+  EXPECT_EQ(want[1].d, 0.0f);
+  for (Isa isa : supported_isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    std::vector<BlockQ8_0Act> got(want.size());
+    std::vector<int32_t> sums(want.size(), -1);
+    table(isa).quantize_q8(x.data(), got.data(), sums.data(), n);
+    for (int64_t b = 0; b < nb; ++b) {
+      EXPECT_EQ(std::memcmp(&got[b].d, &want[b].d, sizeof(float)), 0) << b;
+      EXPECT_EQ(std::memcmp(got[b].qs, want[b].qs, 32), 0) << b;
+      int32_t sum = 0;
+      for (int8_t q : got[b].qs) sum += q;
+      EXPECT_EQ(sums[b], sum) << b;
+      EXPECT_EQ(sums[b], want_sums[b]) << b;
+    }
+    // Without sums the quants are the same.
+    std::vector<BlockQ8_0Act> bare(want.size());
+    table(isa).quantize_q8(x.data(), bare.data(), nullptr, n);
+    EXPECT_EQ(std::memcmp(bare.data(), got.data(), bare.size() * sizeof(BlockQ8_0Act)), 0);
   }
 }
 

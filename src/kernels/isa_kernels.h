@@ -134,6 +134,10 @@ using DeltaRuleFn = void (*)(float* state, int64_t s, const float* k, const floa
                              float beta, float scale, float* out);
 // f32 to a KV dtype (f32, f16, bf16), rounding to nearest even.
 using NarrowFn = void (*)(DType t, const float* x, uint8_t* out, int64_t n);
+// n activations (a multiple of 32) to q8_0 blocks, and each block's sum of
+// quants when sums is not null. Every variant gives quantize_q8_reference's bytes.
+using QuantizeQ8Fn = void (*)(const float* x, BlockQ8_0Act* out, int32_t* sums, int64_t n);
+void quantize_q8_reference(const float* x, BlockQ8_0Act* out, int32_t* sums, int64_t n);
 
 struct IsaKernels {
   GemmFn gemm_f32;
@@ -155,6 +159,7 @@ struct IsaKernels {
   SiluMulFn silu_mul;
   NarrowFn narrow;
   DeltaRuleFn delta_rule;
+  QuantizeQ8Fn quantize_q8;
 };
 
 extern const IsaKernels kScalarKernels;

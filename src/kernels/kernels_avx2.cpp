@@ -237,6 +237,40 @@ void gemm_f16(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadF16, Pan
 void gemm_bf16(const GemmArgs& a, int64_t b, int64_t e) { gemm_float<LoadBF16, PanelBf16>(a, b, e); }
 void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile, kPlan>(a, b, e); }
 
+// quantize_q8_reference's blocks, 8 lanes at a time: the same |x| maximum,
+// d = amax / 127 and 1 / d, then x * (1 / d) converted with the default
+// rounding (nearest even, as the reference's 1.5 * 2^23 trick).
+void quantize_q8_avx2(const float* x, BlockQ8_0Act* out, int32_t* sums, int64_t n) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                             _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float d = _mm_cvtss_f32(h) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+    // |q| <= 127: the saturating packs are exact; they interleave 128-bit
+    // lanes, which the permute puts back in order.
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), _mm256_permutevar8x32_epi32(packed, order));
+    out[b].d = d;
+    if (sums != nullptr) {
+      const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+      sums[b] = _mm_cvtsi128_si32(s4);
+    }
+  }
+}
+
 // The vector type of vector_algorithms.h.
 struct Vec {
   using V = __m256;
@@ -347,6 +381,7 @@ const IsaKernels kAvx2Kernels = {
     silu_mul_vec,
     Vec::narrow,
     delta_rule_vec,
+    quantize_q8_avx2,
 };
 
 }  // namespace tandem::kernels

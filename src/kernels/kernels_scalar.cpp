@@ -234,6 +234,7 @@ const IsaKernels kScalarKernels = {
     gemm_legacy<DType::kQ5_0>,   gemm_legacy<DType::kQ5_1>,   gemm_legacy<DType::kIQ4_NL>, gemm_q5_k,
     gemm_q2_k,                   gemm_q3_k,                   gemm_iq4_xs,
     attention_tile_vec,          silu_mul_vec,                Vec::narrow,              delta_rule_vec,
+    quantize_q8_reference,
 };
 
 }  // namespace tandem::kernels

@@ -150,7 +150,7 @@ struct InputNeeds {
 PreparedInput prepare_input(const MatmulInput& in, int64_t k, int64_t n_tokens, const InputNeeds& needs,
                             InputScratch& s, ThreadPool& pool) {
   const bool any_q8 = needs.q8, any_bf16 = needs.bf16;
-  PreparedInput p{in.x, in.ldx, in.xq, in.ldxq, nullptr, nullptr, nullptr};
+  PreparedInput p{in.x, in.ldx, in.xq, in.ldxq, nullptr, nullptr, in.xq != nullptr ? in.xsum : nullptr};
   const float* x = in.x;
   const int64_t ldx = in.ldx;
   if (any_q8 && p.xq == nullptr) {
@@ -159,12 +159,19 @@ PreparedInput prepare_input(const MatmulInput& in, int64_t k, int64_t n_tokens, 
     s.xq.resize(static_cast<size_t>(p.ldxq * n_tokens));
     BlockQ8_0Act* q = s.xq.data();
     p.xq = q;
+    int32_t* sums = nullptr;
+    if (needs.q8_sums) {
+      s.xsum.resize(s.xq.size());
+      sums = s.xsum.data();
+      p.xsum = sums;
+    }
     // Per token, across threads for a prompt (one token runs inline: parallel_for's single chunk).
     pool.parallel_for(n_tokens, 1, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) quantize_row_q8_0(x + t * ldx, q + t * p.ldxq, k);
+      for (int64_t t = b; t < e; ++t)
+        quantize_row_q8_0(x + t * ldx, q + t * p.ldxq, k, sums != nullptr ? sums + t * p.ldxq : nullptr);
     });
   }
-  if (needs.q8_sums) {
+  if (needs.q8_sums && p.xsum == nullptr) {
     s.xsum.resize(static_cast<size_t>(p.ldxq * n_tokens));
     int32_t* sums = s.xsum.data();
     const BlockQ8_0Act* q = p.xq;

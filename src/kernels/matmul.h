@@ -79,6 +79,7 @@ struct MatmulInput {
   int64_t ldx = 0;
   const BlockQ8_0Act* xq = nullptr;
   int64_t ldxq = 0;
+  const int32_t* xsum = nullptr;  // block sums of xq (ldxq apart), or null: made here when needed
 };
 
 // How a group's rows are cut across threads.

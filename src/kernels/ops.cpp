@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "gguf/dequantize.h"
 #include "kernels/isa_kernels.h"
@@ -43,16 +44,17 @@ void rms_norm(const float* x, int64_t ldx, const float* weight, float* out, int6
 }
 
 void rms_norm_q8_0(const float* x, int64_t ldx, const float* weight, BlockQ8_0Act* out, int64_t ldq, int64_t n_rows,
-                   int64_t n, float eps) {
+                   int64_t n, float eps, int32_t* sums) {
   TANDEM_ASSERT(n % 32 == 0);
-  float block[32];
+  // A row at a time through a buffer that stays in L1 (the vector quantizer
+  // wants whole rows); the values are rms_norm's.
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(n));
   for (int64_t r = 0; r < n_rows; ++r) {
     const float* xr = x + r * ldx;
     const float scale = rms_scale(xr, n, eps);
-    for (int64_t b = 0; b < n / 32; ++b) {
-      for (int i = 0; i < 32; ++i) block[i] = xr[b * 32 + i] * scale * weight[b * 32 + i];
-      quantize_row_q8_0(block, out + r * ldq + b, 32);
-    }
+    for (int64_t i = 0; i < n; ++i) row[static_cast<size_t>(i)] = xr[i] * scale * weight[i];
+    quantize_row_q8_0(row.data(), out + r * ldq, n, sums != nullptr ? sums + r * ldq : nullptr);
   }
 }
 
@@ -191,11 +193,9 @@ void round_row_bf16(const float* x, uint16_t* out_bf16, float* out_f32, int64_t 
   }
 }
 
-void quantize_row_q8_0(const float* x, BlockQ8_0Act* out, int64_t n) {
-  TANDEM_ASSERT(n % 32 == 0);
-  // Activations are quantized on every matmul, so this is the fast form of
-  // quantize_block_32: round half to even by the 1.5 * 2^23 trick (|v| <= 127)
-  // instead of a call to lround per value; loops the compiler vectorizes.
+void quantize_q8_reference(const float* x, BlockQ8_0Act* out, int32_t* sums, int64_t n) {
+  // Round half to even by the 1.5 * 2^23 trick (|v| <= 127), as the vector
+  // variants' conversions do, after the same product x * (1 / d).
   constexpr float kRound = 12582912.0f;
   for (int64_t b = 0; b < n / 32; ++b) {
     const float* xb = x + b * 32;
@@ -206,9 +206,20 @@ void quantize_row_q8_0(const float* x, BlockQ8_0Act* out, int64_t n) {
     }
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int i = 0; i < 32; ++i) out[b].qs[i] = static_cast<int8_t>(static_cast<int>((xb[i] * id + kRound) - kRound));
+    int32_t sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const float v = xb[i] * id;
+      out[b].qs[i] = static_cast<int8_t>(static_cast<int>((v + kRound) - kRound));
+      sum += out[b].qs[i];
+    }
     out[b].d = d;
+    if (sums != nullptr) sums[b] = sum;
   }
+}
+
+void quantize_row_q8_0(const float* x, BlockQ8_0Act* out, int64_t n, int32_t* sums) {
+  TANDEM_ASSERT(n % 32 == 0);
+  active_kernels().quantize_q8(x, out, sums, n);
 }
 
 }  // namespace tandem::kernels

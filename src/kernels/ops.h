@@ -21,9 +21,10 @@ void rms_norm(const float* x, int64_t ldx, const float* weight, float* out, int6
 
 // rms_norm followed by quantize_row_q8_0, fused: no f32 copy of the
 // normalised rows is written (bitwise the same blocks as the two steps).
-// Rows go to out, ldq blocks apart; n a multiple of 32.
+// Rows go to out, ldq blocks apart, and their block sums, when sums is not
+// null, to sums (ldq apart); n a multiple of 32.
 void rms_norm_q8_0(const float* x, int64_t ldx, const float* weight, BlockQ8_0Act* out, int64_t ldq, int64_t n_rows,
-                   int64_t n, float eps);
+                   int64_t n, float eps, int32_t* sums = nullptr);
 
 // Rotary position embedding, in place, on n_heads heads of head_dim per row.
 struct RopeParams {
@@ -66,7 +67,9 @@ void convert_row(const float* x, DType t, uint8_t* out, int64_t n);
 void quantize_row_q8_0_weights(const float* x, uint8_t* out, int64_t n);
 // Rounds n activations to bf16 (nearest even), storing them as bf16 and as f32.
 void round_row_bf16(const float* x, uint16_t* out_bf16, float* out_f32, int64_t n);
-// Quantizes activations for the q8_0 dot product (n a multiple of 32).
-void quantize_row_q8_0(const float* x, BlockQ8_0Act* out, int64_t n);
+// Quantizes activations for the q8_0 dot product (n a multiple of 32), with
+// each block's sum of quants in sums when it is not null (the block panels'
+// tiles take them). Vectorized per ISA, every ISA giving the same bytes.
+void quantize_row_q8_0(const float* x, BlockQ8_0Act* out, int64_t n, int32_t* sums = nullptr);
 
 }  // namespace tandem::kernels

@@ -18,10 +18,12 @@ kernels::MatmulInput ForwardPass::norm_rows(const float* weight, std::span<const
     // Fused: the normalised rows go straight into Q8_0 activation blocks.
     const int64_t ldq = E / 32;
     ws.xq.resize(static_cast<size_t>(n * ldq));
+    ws.xsum.resize(ws.xq.size());  // for the block panels' tiles, at no extra pass
     pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
-      kernels::rms_norm_q8_0(ws.x.data() + b * E, E, weight, ws.xq.data() + b * ldq, ldq, e - b, E, eps);
+      kernels::rms_norm_q8_0(ws.x.data() + b * E, E, weight, ws.xq.data() + b * ldq, ldq, e - b, E, eps,
+                             ws.xsum.data() + b * ldq);
     });
-    return kernels::MatmulInput{nullptr, 0, ws.xq.data(), ldq};
+    return kernels::MatmulInput{nullptr, 0, ws.xq.data(), ldq, ws.xsum.data()};
   }
   return kernels::MatmulInput{norm_rows_f32(weight), E, nullptr, 0};
 }

@@ -29,6 +29,7 @@ struct ForwardWorkspace {
   std::vector<kernels::AttentionSequence> sequences;
   std::vector<kernels::KvSlot> kv_slots;
   std::vector<kernels::BlockQ8_0Act> xq;
+  std::vector<int32_t> xsum;  // block sums of xq
   std::vector<std::pair<int32_t, int32_t>> slot_of_row;  // (block, offset) of each row's position
   // Routed experts (expert_ffn.h): router logits, each row's chosen experts
   // and weights, and the rows gathered per expert with their results.
