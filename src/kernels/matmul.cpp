@@ -205,6 +205,63 @@ GemmArgs gemm_args(const MatmulOutput& o, const PreparedInput& p, int64_t n_toke
   return a;
 }
 
+// A batch-1 decode step's activations (up to this much) are fetched whole when a
+// thread starts its share: the caller has just written them, so every line is
+// a transfer from its core (about 200 ns on the development VM), and the tiles
+// read them a block at a time, a few transfers in flight at most; issued
+// together they overlap (docs/BENCHMARKS.md, "A parallel region's fixed cost").
+constexpr size_t kPrefetchInputMaxBytes = 4096;
+
+void prefetch_lines(const void* p, size_t bytes) {
+  if (p == nullptr || bytes > kPrefetchInputMaxBytes) return;
+  const char* c = static_cast<const char*>(p);
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+}
+
+void prefetch_input(const GemmArgs& a) {
+  const auto rows = static_cast<size_t>(a.n_tokens);
+  if (a.xq != nullptr) {
+    prefetch_lines(a.xq, rows * static_cast<size_t>(a.ldxq) * sizeof(BlockQ8_0Act));
+    prefetch_lines(a.xsum, rows * static_cast<size_t>(a.ldxq) * sizeof(int32_t));
+  } else {
+    prefetch_lines(a.x, rows * static_cast<size_t>(a.ldx) * sizeof(float));
+  }
+}
+
+// One thread's share of a parallel region of products. The region's closures
+// hold their state by value, not by reference to the caller's frame: each
+// reference a worker follows into memory the caller has just written is one
+// more cross-core transfer before it can start (see kPrefetchInputMaxBytes).
+struct ProductsRegion {
+  const WeightMatrix* const* w;
+  const GemmArgs* args;
+  size_t n;
+  const IsaKernels* isa;
+  const MatmulEpilogue* epilogue;  // null when there is none
+  bool same_rows;
+
+  void product(size_t i, int64_t b, int64_t e) const {
+    if (args[i].n_tokens > 0) gemm_for(*isa, w[i]->type)(args[i], b, e);
+    if (epilogue != nullptr) (*epilogue)(i, b, e);
+  }
+  // Rows [begin, end) of every output (same_rows), or of their concatenation.
+  void operator()(int64_t begin, int64_t end) const {
+    for (size_t i = 0; i < n; ++i)
+      if (i == 0 || args[i].xq != args[i - 1].xq || args[i].x != args[i - 1].x) prefetch_input(args[i]);
+    if (same_rows) {
+      for (size_t i = 0; i < n; ++i) product(i, begin, end);
+      return;
+    }
+    int64_t first = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t b = std::max(begin, first);
+      const int64_t e = std::min(end, first + w[i]->rows);
+      if (b < e) product(i, b - first, e - first);
+      first += w[i]->rows;
+    }
+  }
+};
+
 // Runs products i in [0, n) (weights w[i], arguments args[i]) in one parallel region.
 void run_products(const WeightMatrix* const* w, const GemmArgs* args, size_t n, ThreadPool& pool,
                   const MatmulSplit& split, const MatmulEpilogue& epilogue) {
@@ -212,32 +269,15 @@ void run_products(const WeightMatrix* const* w, const GemmArgs* args, size_t n, 
   if (epilogue && !split.same_rows)
     for (size_t i = 0; i + 1 < n; ++i)
       TANDEM_ASSERT(w[i]->rows % split.row_grain == 0, "an epilogue needs outputs of whole row grains");
-  const IsaKernels& isa = active_kernels();
-  auto run = [&](size_t i, int64_t b, int64_t e) {
-    if (args[i].n_tokens > 0) gemm_for(isa, w[i]->type)(args[i], b, e);
-    if (epilogue) epilogue(i, b, e);
-  };
+  const ProductsRegion region{w, args, n, &active_kernels(), epilogue ? &epilogue : nullptr, split.same_rows};
+  int64_t rows = 0;
   if (split.same_rows) {
-    // The same range of every output.
-    const int64_t rows = w[0]->rows;
+    rows = w[0]->rows;
     for (size_t i = 0; i < n; ++i) TANDEM_ASSERT(w[i]->rows == rows, "same_rows needs outputs of equal rows");
-    pool.parallel_for(rows, split.row_grain, [&](int64_t begin, int64_t end) {
-      for (size_t i = 0; i < n; ++i) run(i, begin, end);
-    });
-    return;
+  } else {
+    for (size_t i = 0; i < n; ++i) rows += w[i]->rows;
   }
-  // The concatenated row space of all outputs.
-  int64_t total_rows = 0;
-  for (size_t i = 0; i < n; ++i) total_rows += w[i]->rows;
-  pool.parallel_for(total_rows, split.row_grain, [&](int64_t begin, int64_t end) {
-    int64_t first = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t b = std::max(begin, first);
-      const int64_t e = std::min(end, first + w[i]->rows);
-      if (b < e) run(i, b - first, e - first);
-      first += w[i]->rows;
-    }
-  });
+  pool.parallel_for(rows, split.row_grain, region);
 }
 
 }  // namespace

@@ -51,18 +51,18 @@ void ThreadPool::worker_loop(int index) {
     }
     seen = gen;
     if (stop_.load(std::memory_order_acquire)) return;
-    (*job_)(index, n_threads_);
+    job_(index, n_threads_);
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
-void ThreadPool::run(const std::function<void(int, int)>& fn) {
+void ThreadPool::run(FunctionRef<void(int, int)> fn) {
   if (n_threads_ == 1) {
     fn(0, 1);
     return;
   }
   TANDEM_ASSERT(pending_.load() == 0, "ThreadPool::run is not reentrant");
-  job_ = &fn;
+  job_ = fn;
   pending_.store(n_threads_ - 1, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
   generation_.notify_all();
@@ -74,10 +74,10 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     if (spin < kSpinIterations) TANDEM_CPU_RELAX();
     else std::this_thread::yield();
   }
-  job_ = nullptr;
+  job_ = {};
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   int64_t units = (n + grain - 1) / grain;
@@ -85,7 +85,8 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     fn(0, n);
     return;
   }
-  run([&](int t, int nt) {
+  // By value: the worker reads this closure right after waking (FunctionRef).
+  run([=](int t, int nt) {
     int64_t u0 = units * t / nt;
     int64_t u1 = units * (t + 1) / nt;
     int64_t b = std::min(n, u0 * grain);

@@ -9,9 +9,10 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <thread>
 #include <vector>
+
+#include "util/function_ref.h"
 
 namespace tandem {
 
@@ -27,11 +28,11 @@ class ThreadPool {
 
   // Calls fn(thread_index, n_threads) once on every thread and returns when all
   // calls have returned. Not reentrant: fn must not call run() again.
-  void run(const std::function<void(int, int)>& fn);
+  void run(FunctionRef<void(int, int)> fn);
 
   // Splits [0, n) into one contiguous range per thread (aligned to `grain`)
   // and calls fn(begin, end) for each non-empty range.
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  void parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> fn);
 
   static int hardware_threads();
 
@@ -40,7 +41,8 @@ class ThreadPool {
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  const std::function<void(int, int)>* job_ = nullptr;
+  // What a worker reads to start a region, in one cache line of its own.
+  alignas(64) FunctionRef<void(int, int)> job_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
