@@ -376,6 +376,7 @@ void add_bench(CLI::App& app) {
   add_bench_router(*bench);
   add_bench_lockstep(*bench);
   add_bench_ring(*bench);
+  add_bench_region(*bench);
 }
 
 }  // namespace tandem::cli

@@ -13,6 +13,7 @@ void add_bench_transfer(CLI::App& bench);
 void add_bench_router(CLI::App& bench);
 void add_bench_lockstep(CLI::App& bench);
 void add_bench_ring(CLI::App& bench);
+void add_bench_region(CLI::App& bench);
 void add_serve(CLI::App& app);
 void add_sim(CLI::App& app);
 void add_sim_lockstep(CLI::App& app);
