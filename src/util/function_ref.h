@@ -2,7 +2,8 @@
 // callable goes out of scope (ThreadPool::run). Unlike std::function it never
 // allocates and holds two pointers, so a parallel region's job reaches the
 // worker in the cache line that wakes it instead of through a heap object the
-// caller has just written (one cross-core transfer, not three).
+// caller has just written (an empty region on the development VM: 0.83 ->
+// 0.41 us, docs/BENCHMARKS.md).
 #pragma once
 
 #include <memory>
