@@ -149,6 +149,59 @@ SamplingParams greedy(int max_tokens) {
   return p;
 }
 
+TEST(StepComposition, CountsOnePositionChunksPastThePromptAsDecodeRows) {
+  Sequence a, b, c;
+  a.n_prompt = 9;   // a prompt in two chunks, then its first decode row
+  b.n_prompt = 9;   // decoding: position 10 holds its second generated token
+  c.n_prompt = 5;   // preempted after 7 generated tokens: recomputed whole
+  SchedulerOutput out;
+  out.chunks = {{&a, 0, 8, false}, {&a, 8, 1, true}, {&a, 9, 1, true}, {&b, 10, 1, true}, {&c, 0, 12, true}};
+  const StepComposition got = composition_of(out);
+  EXPECT_EQ(got.prefill_tokens, 8 + 1 + 12);
+  EXPECT_EQ(got.decode_rows, 2);
+  EXPECT_EQ(composition_of(SchedulerOutput{}).prefill_tokens, 0);
+}
+
+// Every step is counted under one kind, and the kinds' tokens add up to the
+// prompts and the generated tokens: a request of P prompt tokens and G
+// generated ones runs P prompt positions and G - 1 decode rows (the last
+// token is sampled, never run).
+TEST(EngineMetrics, StepsAreSplitByWhatTheyCarried) {
+  EngineConfig cfg = small_config();
+  cfg.enable_prefix_caching = false;
+  Harness h(cfg);
+  int64_t prompt_tokens = 0, decode_rows = 0;
+  for (int i = 0; i < 12; ++i) {
+    const int n_prompt = 5 + (i * 7) % 23, n_out = 3 + i % 5;
+    h.submit(prompt_of(n_prompt, 200 + i), greedy(n_out));
+    prompt_tokens += n_prompt;
+    decode_rows += n_out - 1;
+  }
+  h.run_until_idle();
+  const EngineMetrics& m = h.engine().metrics();
+  int64_t steps = 0, prefill = 0, decode = 0, step_ns = 0;
+  for (int i = 0; i < kStepKinds; ++i) {
+    const StepKindCounters& k = m.step_kinds[static_cast<size_t>(i)];
+    SCOPED_TRACE(kStepKindNames[i]);
+    EXPECT_GT(k.steps.load(), 0) << "the load was meant to produce every kind of step";
+    EXPECT_GT(k.forward_time_ns.load(), 0);
+    EXPECT_GE(k.step_time_ns.load(), k.forward_time_ns.load());
+    steps += k.steps;
+    prefill += k.prefill_tokens;
+    decode += k.decode_rows;
+    step_ns += k.step_time_ns;
+  }
+  EXPECT_EQ(m.step_kinds[static_cast<size_t>(StepKind::kDecode)].prefill_tokens.load(), 0);
+  EXPECT_EQ(m.step_kinds[static_cast<size_t>(StepKind::kPrefill)].decode_rows.load(), 0);
+  EXPECT_GT(m.step_kinds[static_cast<size_t>(StepKind::kMixed)].prefill_tokens.load(), 0);
+  EXPECT_GT(m.step_kinds[static_cast<size_t>(StepKind::kMixed)].decode_rows.load(), 0);
+  EXPECT_EQ(steps, m.steps.load());
+  EXPECT_EQ(step_ns, m.step_time_ns_total.load());
+  EXPECT_EQ(prefill, prompt_tokens);
+  EXPECT_EQ(decode, decode_rows);
+  h.expect_no_leak();
+}
+
 // The engine tests that every architecture must pass (dense, routed experts,
 // recurrent state): the model under test is the parameter.
 class EngineArchs : public ::testing::TestWithParam<std::string> {

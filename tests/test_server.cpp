@@ -416,6 +416,11 @@ TEST_F(ServerApi, MetricsArePrometheusTextAndCountRequests) {
       {"tandem_request_aborted_total", "counter"},
       {"tandem_time_to_first_token_seconds", "histogram"},
       {"tandem_e2e_request_latency_seconds", "histogram"},
+      {"tandem_engine_steps_by_kind_total", "counter"},
+      {"tandem_engine_step_seconds_by_kind_total", "counter"},
+      {"tandem_engine_forward_seconds_by_kind_total", "counter"},
+      {"tandem_engine_prefill_tokens_by_kind_total", "counter"},
+      {"tandem_engine_decode_rows_by_kind_total", "counter"},
   };
   for (const auto& [name, type] : series) {
     EXPECT_NE(before.body.find(std::string("# HELP ") + name + " "), std::string::npos) << name;
@@ -461,6 +466,19 @@ TEST_F(ServerApi, MetricsArePrometheusTextAndCountRequests) {
   EXPECT_EQ(value(after, "tandem_request_success_total"), ok0 + 1);
   EXPECT_EQ(value(after, "tandem_generation_tokens_total"), gen0 + 5);
   EXPECT_EQ(value(after, "tandem_prompt_tokens_total"), prompt0 + static_cast<double>(n_prompt));
+  // The request's decode rows (5 tokens: 4 run after the prompt) are counted
+  // under a kind label.
+  double rows0 = 0, rows1 = 0;
+  for (const char* kind : {"decode", "prefill", "mixed"}) {
+    const std::string series = "tandem_engine_decode_rows_by_kind_total{model_name=\"" + std::string(kServedName) +
+                               "\",kind=\"" + kind + "\"} ";
+    for (const auto& [reply, sum] : {std::pair<const Reply*, double*>{&before, &rows0}, {&after, &rows1}}) {
+      const size_t at = reply->body.find(series);
+      ASSERT_NE(at, std::string::npos) << series;
+      *sum += std::stod(reply->body.substr(at + series.size()));
+    }
+  }
+  EXPECT_EQ(rows1, rows0 + 4);
 }
 
 TEST_F(ServerApi, TokenizeAndDetokenizeRoundTrip) {

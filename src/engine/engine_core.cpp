@@ -601,6 +601,8 @@ void EngineCore::run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& ste
   }
   const int64_t n_vocab = model_.config().n_vocab;
   logits_.resize(batch.logit_rows.size() * static_cast<size_t>(n_vocab));
+  const StepComposition composition = composition_of(out);
+  Stopwatch forward_sw;
   if (executor_ != nullptr) {
     try {
       executor_->forward(batch, logits_.data());
@@ -621,6 +623,7 @@ void EngineCore::run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& ste
   } else {
     model_.forward(batch, *kv_, *pool_, logits_.data());
   }
+  const auto forward_ns = static_cast<int64_t>(forward_sw.elapsed_s() * 1e9);
   scheduler_->on_computed(out);
   step_.store(step_no, std::memory_order_release);
 
@@ -655,8 +658,18 @@ void EngineCore::run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& ste
 
   publish();
   metrics_.steps = static_cast<int64_t>(step_no);
-  metrics_.step_time_ns_total += static_cast<int64_t>(step_sw.elapsed_s() * 1e9);
+  const auto step_ns = static_cast<int64_t>(step_sw.elapsed_s() * 1e9);
+  metrics_.step_time_ns_total += step_ns;
   metrics_.schedule_time_ns_total += schedule_ns;
+  const StepKind kind = composition.decode_rows == 0   ? StepKind::kPrefill
+                        : composition.prefill_tokens == 0 ? StepKind::kDecode
+                                                          : StepKind::kMixed;
+  StepKindCounters& k = metrics_.step_kinds[static_cast<size_t>(kind)];
+  ++k.steps;
+  k.step_time_ns += step_ns;
+  k.forward_time_ns += forward_ns;
+  k.prefill_tokens += composition.prefill_tokens;
+  k.decode_rows += composition.decode_rows;
 }
 
 bool EngineCore::ready(std::string* why) const {
@@ -757,12 +770,12 @@ bool EngineCore::lockstep_step() {
   }
   const auto schedule_ns = static_cast<int64_t>(step_sw.elapsed_s() * 1e9);
   parallel::StepHeader header;
-  bool prefill = false, decode = false;
   for (const ScheduledChunk& c : out.chunks) {
     header.n_tokens += c.length;
     header.produces_output = header.produces_output || c.want_logits;
-    (c.start >= c.seq->n_prompt ? decode : prefill) = true;
   }
+  const StepComposition composition = composition_of(out);
+  const bool prefill = composition.prefill_tokens > 0, decode = composition.decode_rows > 0;
   header.n_padded_tokens = header.n_tokens;
   header.phase = prefill && decode ? parallel::StepPhase::kMixed
                  : prefill         ? parallel::StepPhase::kPrefill

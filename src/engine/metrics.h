@@ -47,6 +47,22 @@ inline std::vector<double> latency_buckets_s() {
   return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
 
+// What a step carried: decode rows only, prompt chunks only (a prompt, or a
+// preempted sequence recomputed), or both in one batch (chunked prefill mixed
+// with decode). A busy server's step time is split by it, so an operator can
+// see whether prefill chunks or decode rows take the time.
+enum class StepKind : uint8_t { kDecode = 0, kPrefill = 1, kMixed = 2 };
+inline constexpr int kStepKinds = 3;
+inline constexpr const char* kStepKindNames[kStepKinds] = {"decode", "prefill", "mixed"};
+
+struct StepKindCounters {
+  std::atomic<int64_t> steps{0};
+  std::atomic<int64_t> step_time_ns{0};     // the whole step, scheduling and sampling included
+  std::atomic<int64_t> forward_time_ns{0};  // the model's forward alone
+  std::atomic<int64_t> prefill_tokens{0};   // prompt (or recomputed) positions run
+  std::atomic<int64_t> decode_rows{0};      // one-position chunks past the prompt
+};
+
 struct EngineMetrics {
   std::atomic<int64_t> running{0};
   std::atomic<int64_t> waiting{0};
@@ -70,6 +86,7 @@ struct EngineMetrics {
   std::atomic<int64_t> executor_failures{0};  // steps lost by the executor (tensor-parallel workers)
   std::atomic<int64_t> step_time_ns_total{0};
   std::atomic<int64_t> schedule_time_ns_total{0};
+  std::array<StepKindCounters, kStepKinds> step_kinds;  // indexed by StepKind
   Histogram ttft_s{latency_buckets_s()};
   Histogram tpot_s{latency_buckets_s()};
   Histogram e2e_s{latency_buckets_s()};

@@ -111,6 +111,17 @@ bool Scheduler::reserve(Sequence& seq, int64_t start, int64_t length, SchedulerO
   return true;
 }
 
+StepComposition composition_of(const SchedulerOutput& out) {
+  StepComposition c;
+  for (const ScheduledChunk& chunk : out.chunks) {
+    if (chunk.length == 1 && chunk.start >= chunk.seq->n_prompt)
+      ++c.decode_rows;
+    else
+      c.prefill_tokens += chunk.length;
+  }
+  return c;
+}
+
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int64_t budget = config_.max_num_batched_tokens;

@@ -55,6 +55,14 @@ struct SchedulerOutput {
   int64_t n_preempted = 0;
 };
 
+// How many of a step's positions are prompt (or recomputed) tokens and how
+// many are decode rows: one-position chunks past a sequence's prompt.
+struct StepComposition {
+  int64_t prefill_tokens = 0;
+  int64_t decode_rows = 0;
+};
+StepComposition composition_of(const SchedulerOutput& out);
+
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;
   int64_t max_num_seqs = 64;

@@ -89,6 +89,25 @@ std::string render_prometheus(const EngineMetrics& m, const std::string& model, 
           static_cast<double>(m.step_time_ns_total.load()) * 1e-9);
   counter("tandem_scheduler_seconds_total", "Time spent scheduling",
           static_cast<double>(m.schedule_time_ns_total.load()) * 1e-9);
+  // Step time by what the steps carried (StepKind), and what they carried.
+  const auto by_kind = [&](const char* name, const char* help, const std::atomic<int64_t> StepKindCounters::*field,
+                           double scale) {
+    std::vector<std::pair<std::string, double>> lines;
+    for (int i = 0; i < kStepKinds; ++i)
+      lines.emplace_back(l + ",kind=\"" + kStepKindNames[i] + "\"",
+                         static_cast<double>((m.step_kinds[static_cast<size_t>(i)].*field).load()) * scale);
+    append_series(out, name, "counter", help, lines);
+  };
+  by_kind("tandem_engine_steps_by_kind_total", "Engine steps by what they carried: decode rows, prompt chunks or both",
+          &StepKindCounters::steps, 1);
+  by_kind("tandem_engine_step_seconds_by_kind_total", "Time spent in engine steps, by step kind",
+          &StepKindCounters::step_time_ns, 1e-9);
+  by_kind("tandem_engine_forward_seconds_by_kind_total", "Time spent in the model's forward, by step kind",
+          &StepKindCounters::forward_time_ns, 1e-9);
+  by_kind("tandem_engine_prefill_tokens_by_kind_total", "Prompt (or recomputed) positions run, by step kind",
+          &StepKindCounters::prefill_tokens, 1);
+  by_kind("tandem_engine_decode_rows_by_kind_total", "Decode rows run (one position past the prompt), by step kind",
+          &StepKindCounters::decode_rows, 1);
   histogram(out, "tandem_time_to_first_token_seconds", "Time to first token", m.ttft_s, l);
   histogram(out, "tandem_time_per_output_token_seconds", "Mean time per output token after the first", m.tpot_s, l);
   histogram(out, "tandem_e2e_request_latency_seconds", "Request latency", m.e2e_s, l);
