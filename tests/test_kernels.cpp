@@ -3,6 +3,8 @@
 // result is bitwise the same whatever else is computed with it).
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <cstddef>
 #include <cmath>
@@ -520,6 +522,38 @@ TEST(Kernels, SiluMulMatchesFormulaInEveryVariant) {
       const double x = g0[i];
       const double want = x / (1.0 + std::exp(-x)) * u[i];
       EXPECT_NEAR(g[i], want, 4e-7 * std::fabs(want) + 1e-30) << isa_name(isa) << " x=" << x;
+    }
+  }
+}
+
+// The log-partition the sampler reports logprobs against: within 1e-6 of a
+// double-precision sum on a vocabulary-sized row (and on odd lengths that
+// leave tails), and NaN when a value is infinite or NaN.
+TEST(Kernels, LogSumExpMatchesDoubleSumInEveryVariant) {
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{45}, int64_t{1031}, int64_t{151936}}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    uint64_t state = 0x1234 + static_cast<uint64_t>(n);
+    for (float& v : x) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      v = static_cast<float>(static_cast<int64_t>(state >> 40) % 4000) * 0.01f - 25.0f;
+    }
+    if (n > 100) x[static_cast<size_t>(n / 2)] = 31.0f;  // one dominant logit
+    double m = x[0], sum = 0;
+    for (float v : x) m = std::max(m, static_cast<double>(v));
+    for (float v : x) sum += std::exp(static_cast<double>(v) - m);
+    const double want = m + std::log(sum);
+    for (Isa isa : supported_isas()) {
+      EXPECT_NEAR(table(isa).log_sum_exp(x.data(), n), want, 1e-6 * std::fabs(want) + 1e-6)
+          << isa_name(isa) << " n=" << n;
+      for (const float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                                 -std::numeric_limits<float>::infinity()}) {
+        std::vector<float> bad = x;
+        bad[static_cast<size_t>(n - 1)] = poison;
+        EXPECT_TRUE(std::isnan(table(isa).log_sum_exp(bad.data(), n))) << isa_name(isa) << " n=" << n;
+        bad = x;
+        bad[0] = poison;
+        EXPECT_TRUE(std::isnan(table(isa).log_sum_exp(bad.data(), n))) << isa_name(isa) << " n=" << n;
+      }
     }
   }
 }

@@ -72,11 +72,9 @@ SampleResult SequenceSampler::sample(std::span<const float> logits) {
 
   // Log-partition of the raw logits: logprobs and best_of ranking use the
   // model's own distribution, whatever the request does to it afterwards.
-  float raw_max = raw[0];
-  for (int64_t i = 1; i < n_vocab; ++i) raw_max = std::max(raw_max, raw[i]);
-  double raw_sum = 0.0;
-  for (int64_t i = 0; i < n_vocab; ++i) raw_sum += std::exp(raw[i] - raw_max);
-  const double log_z = raw_max + std::log(raw_sum);
+  // Vectorized: a scalar pass of std::exp over a 152k vocabulary took about
+  // 1 ms a row, a fifth of a 64-row serving step.
+  const double log_z = kernels::log_sum_exp(raw, n_vocab);
   // A NaN anywhere, or an infinite logit, propagates here.
   TANDEM_ASSERT(std::isfinite(log_z), "logits are not finite");
   auto raw_logprob = [&](int64_t token) { return static_cast<float>(raw[token] - log_z); };
@@ -100,6 +98,18 @@ SampleResult SequenceSampler::sample(std::span<const float> logits) {
     for (auto& e : top) e.logprob = raw_logprob(e.token);
   }
 
+  const float rep = params_.repetition_penalty;
+  const float presence = params_.presence_penalty;
+  const float frequency = params_.frequency_penalty;
+  const bool rep_on = rep != 1.0f;
+  const bool greedy = params_.temperature == 0.0f || params_.top_k == 1;
+  if (greedy && params_.logit_bias.empty() && !rep_on && presence == 0.0f && frequency == 0.0f) {
+    // Nothing changes the logits: no copy of the row.
+    result.token = static_cast<int32_t>(kernels::argmax(raw, n_vocab));
+    result.logprob = raw_logprob(result.token);
+    return result;
+  }
+
   auto& s = scratch_;
   s.assign(raw, raw + n_vocab);
 
@@ -108,10 +118,6 @@ SampleResult SequenceSampler::sample(std::span<const float> logits) {
     s[static_cast<size_t>(token)] += bias;
   }
 
-  const float rep = params_.repetition_penalty;
-  const float presence = params_.presence_penalty;
-  const float frequency = params_.frequency_penalty;
-  const bool rep_on = rep != 1.0f;
   if (rep_on || presence != 0.0f || frequency != 0.0f) {
     // Ids past both arrays were never seen.
     const auto n_seen = std::min<size_t>(static_cast<size_t>(n_vocab),
@@ -128,7 +134,7 @@ SampleResult SequenceSampler::sample(std::span<const float> logits) {
   }
 
   int64_t token = 0;
-  if (params_.temperature == 0.0f || params_.top_k == 1) {
+  if (greedy) {
     // Greedy takes no random draw, so a greedy step never shifts the stream.
     token = kernels::argmax(s.data(), n_vocab);
   } else {

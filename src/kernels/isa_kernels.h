@@ -129,6 +129,7 @@ struct AttentionTileArgs {
 
 using AttentionTileFn = void (*)(const AttentionTileArgs& args);
 using SiluMulFn = void (*)(float* g, const float* u, int64_t n);
+using LogSumExpFn = float (*)(const float* x, int64_t n);
 // One token of the gated delta rule on one head's S x S state (delta_rule_step in ops.h).
 using DeltaRuleFn = void (*)(float* state, int64_t s, const float* k, const float* q, const float* v, float decay,
                              float beta, float scale, float* out);
@@ -160,6 +161,7 @@ struct IsaKernels {
   NarrowFn narrow;
   DeltaRuleFn delta_rule;
   QuantizeQ8Fn quantize_q8;
+  LogSumExpFn log_sum_exp;
 };
 
 extern const IsaKernels kScalarKernels;

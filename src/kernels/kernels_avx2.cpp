@@ -382,6 +382,7 @@ const IsaKernels kAvx2Kernels = {
     Vec::narrow,
     delta_rule_vec,
     quantize_q8_avx2,
+    log_sum_exp_vec,
 };
 
 }  // namespace tandem::kernels

@@ -1112,6 +1112,7 @@ const IsaKernels kAvx512Kernels = {
     Vec::narrow,
     delta_rule_vec,
     quantize_q8_avx512,
+    log_sum_exp_vec,
 };
 
 }  // namespace tandem::kernels

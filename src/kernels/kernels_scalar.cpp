@@ -235,6 +235,7 @@ const IsaKernels kScalarKernels = {
     gemm_q2_k,                   gemm_q3_k,                   gemm_iq4_xs,
     attention_tile_vec,          silu_mul_vec,                Vec::narrow,              delta_rule_vec,
     quantize_q8_reference,
+    log_sum_exp_vec,
 };
 
 }  // namespace tandem::kernels

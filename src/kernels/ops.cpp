@@ -98,6 +98,8 @@ void rope_apply(float* x, int64_t ldx, int64_t n_rows, int n_heads, int head_dim
 
 void silu_mul(float* g, const float* u, int64_t n) { active_kernels().silu_mul(g, u, n); }
 
+float log_sum_exp(const float* x, int64_t n) { return active_kernels().log_sum_exp(x, n); }
+
 void delta_rule_step(float* state, int64_t s, const float* k, const float* q, const float* v, float decay, float beta,
                      float scale, float* out) {
   active_kernels().delta_rule(state, s, k, q, v, decay, beta, scale, out);

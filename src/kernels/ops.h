@@ -56,6 +56,9 @@ void add_inplace(float* y, const float* x, int64_t n);
 // In-place softmax of n values (max-subtracted, sequential sum).
 void softmax(float* x, int64_t n);
 
+// log(sum exp(x[i])) over n >= 1 values; NaN when any is infinite or NaN.
+float log_sum_exp(const float* x, int64_t n);
+
 // Index of the largest value (the first one on ties).
 int64_t argmax(const float* x, int64_t n);
 

@@ -37,6 +37,42 @@ void silu_mul_vec(float* g, const float* u, int64_t n) {
   }
 }
 
+// log(sum_i exp(x[i])), the log-partition of a logit row: a pass for the
+// max, then one for the exponentials, summed per lane in float within a
+// chunk and across chunks in double (a 152k vocabulary stays within about
+// 1e-6 of the double-precision sum). An infinite or NaN input gives NaN:
+// x * 0 is 0 only for finite x, and the clamping exp would hide them.
+float log_sum_exp_vec(const float* x, int64_t n) {
+  constexpr int W = Vec::kWidth;
+  constexpr int64_t kChunk = 1024;
+  auto vmax = Vec::set1(x[0]);
+  auto bad = Vec::zero();
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const auto v = Vec::load(x + i);
+    vmax = Vec::max(vmax, v);
+    bad = Vec::fmadd(v, Vec::zero(), bad);
+  }
+  float m = Vec::reduce_max(vmax);
+  float bad_tail = Vec::reduce_add(bad);
+  for (; i < n; ++i) {
+    m = std::max(m, x[i]);
+    bad_tail += x[i] * 0.0f;
+  }
+  if (bad_tail != 0.0f || !std::isfinite(m)) return std::numeric_limits<float>::quiet_NaN();
+  const auto vm = Vec::set1(m);
+  double sum = 0.0;
+  i = 0;
+  while (i + W <= n) {
+    const int64_t end = std::min(n - (n - i) % W, i + kChunk);
+    auto acc = Vec::zero();
+    for (; i < end; i += W) acc = Vec::add(acc, Vec::exp(Vec::sub(Vec::load(x + i), vm)));
+    sum += static_cast<double>(Vec::reduce_add(acc));
+  }
+  for (; i < n; ++i) sum += static_cast<double>(Vec::first(Vec::exp(Vec::set1(x[i] - m))));
+  return static_cast<float>(static_cast<double>(m) + std::log(sum));
+}
+
 // One token of the gated delta rule on one head's state (rows j = value
 // elements, each S key elements): per row, decayed, then corrected toward
 // v_j along k by beta, then read by q. Two passes over a row: the decay with
