@@ -97,6 +97,27 @@ TEST(Experts, ADecodeStepReadsOnlyTheActiveExperts) {
   EXPECT_EQ(m->weight_bytes_per_step(), want);
 }
 
+// Multiply-adds per token (the compute limit of `tandem bench model`): every
+// matrix's elements once, the embedding table none, the routed share of the
+// experts; for a dense model every matrix but the embedding.
+TEST(Experts, ADecodeTokenMultipliesThroughTheMatricesItReads) {
+  for (const char* arch : {"qwen3moe", "llama"}) {
+    auto file = std::make_shared<const gguf::File>(gguf::File::open(testing::tiny_model_path(arch, DType::kF16)));
+    auto m = Model::load(file);
+    uint64_t all = 0, experts = 0;
+    for (const gguf::TensorInfo& t : file->tensors()) {
+      if (t.dims.size() < 2 || t.name == "token_embd.weight") continue;
+      uint64_t n = 1;
+      for (uint64_t d : t.dims) n *= d;
+      all += n;
+      if (t.dims.size() == 3) experts += n;
+    }
+    const ModelConfig& c = m->config();
+    const uint64_t routed = c.n_expert > 0 ? experts * static_cast<uint64_t>(c.n_expert_used) / static_cast<uint64_t>(c.n_expert) : 0;
+    EXPECT_EQ(m->multiply_adds_per_token(), all - experts + routed) << arch;
+  }
+}
+
 TEST(Experts, MakeModelWritesTheShapesLlamaCppReads) {
   const gguf::File f = gguf::File::open(testing::tiny_model_path("qwen3moe", DType::kQ8_0));
   EXPECT_LT(std::filesystem::file_size(f.path()), 10u << 20);

@@ -14,6 +14,8 @@
 #include "gguf/gguf.h"
 #include "kernels/isa.h"
 #include "kernels/memory_bandwidth.h"
+#include "kernels/multiply_peak.h"
+#include "model/decode_limits.h"
 #include "loadgen/loadgen.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -67,6 +69,7 @@ std::vector<int32_t> bench_tokens(int64_t n, int64_t n_vocab, uint64_t salt) {
 struct BenchResult {
   double pp_tps = 0, tg_tps = 0, bandwidth_bps = 0;
   kernels::ReadBandwidth bandwidth;
+  kernels::MultiplyPeak multiply;
   std::vector<std::pair<int, double>> batched_tps;
   OpProfile pp_profile, tg_profile, batched_profile;  // batched: the largest batch's decode steps
 };
@@ -106,6 +109,12 @@ void print_bandwidth(const kernels::ReadBandwidth& b, int threads) {
               "threads)\n",
               b.best_bps / 1e9, b.median_bps / 1e9, b.worst_bps / 1e9, b.runs_bps.size(),
               static_cast<double>(b.size_bytes) / (1 << 30), b.loop, threads);
+}
+
+void print_multiply_peak(const kernels::MultiplyPeak& m, int threads) {
+  std::printf("multiply-add peak (%s): best %.1f G/s, median %.1f, worst %.1f over %zu passes (%d threads)\n",
+              kernels::multiply_instruction_name(m.instruction), m.best_per_s / 1e9, m.median_per_s / 1e9,
+              m.worst_per_s / 1e9, m.runs_per_s.size(), threads);
 }
 
 void run_bench_model(const BenchArgs& a) {
@@ -247,6 +256,19 @@ void run_bench_model(const BenchArgs& a) {
   r.bandwidth_bps = r.bandwidth.best_bps;
   const double bytes_per_token = static_cast<double>(model.weight_bytes_per_step());
   const double roofline_tps = r.bandwidth_bps / bytes_per_token;
+  // Batched decode's second ceiling: the multiply-adds, at the peak of the
+  // instruction this weight type's matmul multiplies with.
+  progress("multiply-add peak");
+  r.multiply = kernels::measure_multiply_peak(pool, kernels::multiply_instruction(model.weight_dtype()));
+  const double macs_per_token = static_cast<double>(model.multiply_adds_per_token());
+  // KV one batched sequence reads per step, at the bench's mean context.
+  const double kv_bytes_per_sequence = static_cast<double>(a.batched_prompt + a.batched_steps / 2) *
+                                       static_cast<double>(c.n_attention_layers() * 2 * c.n_head_kv * c.head_dim) *
+                                       static_cast<double>(kernels::dtype_block_bytes(kernels::parse_dtype(a.kv_dtype)));
+  auto limits = [&](int n) {
+    return decode_limits(n, bytes_per_token, kv_bytes_per_sequence, macs_per_token, r.bandwidth_bps, r.multiply.best_per_s);
+  };
+  const double crossover = limits_crossover_batch(bytes_per_token, macs_per_token, r.bandwidth_bps, r.multiply.best_per_s);
 
   const std::string dtype = kernels::dtype_name(model.weight_dtype());
   if (a.json) {
@@ -264,6 +286,17 @@ void run_bench_model(const BenchArgs& a) {
                 bytes_per_token, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps / roofline_tps,
                 r.bandwidth.median_bps / 1e9, r.bandwidth.worst_bps / 1e9, lm.load_seconds,
                 static_cast<unsigned long long>(model.interleaved_bytes()), load_rss_mib);
+    std::printf(", \"multiply_adds_per_token\": %.0f, \"multiply_instruction\": \"%s\", \"multiply_peak_gps\": %.2f, "
+                "\"limits_crossover_batch\": %.1f, \"batched_limits\": {",
+                macs_per_token, kernels::multiply_instruction_name(r.multiply.instruction), r.multiply.best_per_s / 1e9,
+                crossover);
+    for (size_t i = 0; i < r.batched_tps.size(); ++i) {
+      const DecodeLimits l = limits(r.batched_tps[i].first);
+      std::printf("%s\"%d\": {\"memory_tps\": %.2f, \"compute_tps\": %.2f, \"bound\": \"%s\", \"ratio\": %.3f}",
+                  i ? ", " : "", r.batched_tps[i].first, l.memory_tps, l.compute_tps,
+                  l.compute_bound() ? "compute" : "memory", r.batched_tps[i].second / l.bound_tps());
+    }
+    std::printf("}");
     if (a.profile) {
       print_profile_json("profile_pp", r.pp_profile);
       print_profile_json("profile_tg", r.tg_profile);
@@ -284,6 +317,16 @@ void run_bench_model(const BenchArgs& a) {
               "possible; achieved %.1f = %.0f%%\n",
               bytes_per_token / 1e6, r.bandwidth_bps / 1e9, roofline_tps, r.tg_tps, 100.0 * r.tg_tps / roofline_tps);
   print_bandwidth(r.bandwidth, pool.size());
+  print_multiply_peak(r.multiply, pool.size());
+  std::printf("batched decode limits: memory (%.1f MB of weights per step, %.2f MB of KV per sequence, at %.2f GB/s), "
+              "compute (%.1f M multiply-adds per token at %.1f G/s); they meet at %.0f sequences\n",
+              bytes_per_token / 1e6, kv_bytes_per_sequence / 1e6, r.bandwidth_bps / 1e9, macs_per_token / 1e6,
+              r.multiply.best_per_s / 1e9, crossover);
+  for (const auto& [n, tps] : r.batched_tps) {
+    const DecodeLimits l = limits(n);
+    std::printf("  x%-4d %10.1f tokens/s: memory limit %10.1f, compute limit %10.1f; %s-bound, at %.0f%% of that limit\n",
+                n, tps, l.memory_tps, l.compute_tps, l.compute_bound() ? "compute" : "memory", 100.0 * tps / l.bound_tps());
+  }
   std::printf("load: %.2f s, %.1f MB of weights interleaved, peak resident memory after load %.0f MiB\n",
               lm.load_seconds, static_cast<double>(model.interleaved_bytes()) / 1e6, load_rss_mib);
   if (a.profile) {
@@ -330,6 +373,28 @@ void add_bench(CLI::App& app) {
     ThreadPool pool(bw->threads);
     print_bandwidth(kernels::measure_read_bandwidth(pool, static_cast<size_t>(bw->gib * (1 << 30)), bw->passes),
                     pool.size());
+  });
+
+  struct MultiplyArgs {
+    int threads = 0, passes = 8;
+  };
+  auto mp = std::make_shared<MultiplyArgs>();
+  CLI::App* multiply = bench->add_subcommand(
+      "multiply", "The multiply-add peak of each instruction the matmuls use (bench model's compute limit)");
+  multiply->add_option("-t,--threads", mp->threads, "Threads (0 = one per core)")->check(CLI::Range(0, 1024));
+  multiply->add_option("--passes", mp->passes, "Passes (best, median and worst reported)")->check(CLI::Range(1, 1000));
+  multiply->callback([mp] {
+    ThreadPool pool(mp->threads);
+    for (kernels::Isa isa : {kernels::Isa::kScalar, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+      if (!kernels::isa_supported(isa)) continue;
+      std::vector<kernels::MultiplyInstruction> seen;
+      for (kernels::DType t : {kernels::DType::kF32, kernels::DType::kBF16, kernels::DType::kQ8_0}) {
+        const kernels::MultiplyInstruction m = kernels::multiply_instruction(t, isa);
+        if (std::find(seen.begin(), seen.end(), m) != seen.end()) continue;
+        seen.push_back(m);
+        print_multiply_peak(kernels::measure_multiply_peak(pool, m, mp->passes), pool.size());
+      }
+    }
   });
 
   struct ServeArgs {

@@ -9,6 +9,7 @@
 #include "kernels/read_stream.h"
 #include "util/anonymous_memory.h"
 #include "util/clock.h"
+#include "util/percentile.h"
 #include "util/thread_pool.h"
 
 namespace tandem::kernels {
@@ -51,11 +52,8 @@ ReadBandwidth measure_read_bandwidth(ThreadPool& pool, size_t size_bytes, int re
     });
     r.runs_bps.push_back(static_cast<double>(r.size_bytes) / sw.elapsed_s());
   }
-  std::vector<double> sorted = r.runs_bps;
-  std::sort(sorted.begin(), sorted.end());
-  r.worst_bps = sorted.front();
-  r.best_bps = sorted.back();
-  r.median_bps = sorted[sorted.size() / 2];
+  const RateSpread spread = rate_spread(r.runs_bps);
+  r.best_bps = spread.best, r.median_bps = spread.median, r.worst_bps = spread.worst;
   return r;
 }
 

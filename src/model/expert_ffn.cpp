@@ -49,14 +49,12 @@ std::vector<kernels::WeightMatrix*> ExpertFfnWeights::matrices() {
   return all;
 }
 
-uint64_t ExpertFfnWeights::bytes_per_token(int64_t n_used) const {
+uint64_t ExpertFfnWeights::per_token(int64_t n_used, MatrixMeasure measure) const {
   const uint64_t shared =
-      has_shared ? matrix_bytes(shared_gate_inp) + matrix_bytes(shared_gate) + matrix_bytes(shared_up) + matrix_bytes(shared_down) : 0;
-  return matrix_bytes(router) + shared +
-         (n_local == 0 ? 0
-                       : static_cast<uint64_t>(n_used) * (matrix_bytes(gate[static_cast<size_t>(first_local)]) +
-                                                           matrix_bytes(up[static_cast<size_t>(first_local)]) +
-                                                           matrix_bytes(down[static_cast<size_t>(first_local)])));
+      has_shared ? measure(shared_gate_inp) + measure(shared_gate) + measure(shared_up) + measure(shared_down) : 0;
+  if (n_local == 0) return measure(router) + shared;
+  const auto e = static_cast<size_t>(first_local);
+  return measure(router) + shared + static_cast<uint64_t>(n_used) * (measure(gate[e]) + measure(up[e]) + measure(down[e]));
 }
 
 void route_token(const float* logits, int64_t n_expert, int64_t n_used, float scale, int32_t* experts,

@@ -17,6 +17,7 @@
 #include "kernels/matmul.h"
 #include "model/expert_exchange.h"
 #include "model/forward_pass.h"
+#include "model/weights.h"
 
 namespace tandem {
 
@@ -36,8 +37,9 @@ struct ExpertFfnWeights {
   kernels::WeightMatrix shared_gate, shared_up, shared_down;
 
   std::vector<kernels::WeightMatrix*> matrices();
-  // Weight bytes one token reads: the router, n_used experts, the shared expert.
-  uint64_t bytes_per_token(int64_t n_used) const;
+  // `measure` (weights.h) summed over what one token reads: the router,
+  // n_used experts, the shared expert.
+  uint64_t per_token(int64_t n_used, MatrixMeasure measure) const;
 };
 
 // Loads the layer, keeping experts [first, first + count) (count -1: all).

@@ -159,7 +159,11 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
   }
   prefault(rest, interleaved_bytes, total, options);
   m->weight_bytes_per_step_ = matrix_bytes(m->output_) + m->token_embd_.row_bytes;
-  for (Layer& layer : m->layers_) m->weight_bytes_per_step_ += layer.bytes_per_token(c);
+  m->multiply_adds_per_token_ = matrix_multiply_adds(m->output_);
+  for (Layer& layer : m->layers_) {
+    m->weight_bytes_per_step_ += layer.per_token(c, matrix_bytes);
+    m->multiply_adds_per_token_ += layer.per_token(c, matrix_multiply_adds);
+  }
   if (options.progress && total > 0) options.progress(total, total);
   return m;
 }
@@ -193,12 +197,12 @@ DType Model::weight_dtype() const {
   return layers_[0].delta.wqkv.type;
 }
 
-uint64_t Layer::bytes_per_token(const ModelConfig& c) {
-  uint64_t bytes = 0;
-  for (const WeightMatrix* w : mixer_matrices()) bytes += matrix_bytes(*w);
-  if (plan.ffn == FfnKind::kExperts) return bytes + experts.bytes_per_token(c.n_expert_used);
-  for (const WeightMatrix* w : ffn_matrices()) bytes += matrix_bytes(*w);
-  return bytes;
+uint64_t Layer::per_token(const ModelConfig& c, MatrixMeasure measure) {
+  uint64_t sum = 0;
+  for (const WeightMatrix* w : mixer_matrices()) sum += measure(*w);
+  if (plan.ffn == FfnKind::kExperts) return sum + experts.per_token(c.n_expert_used, measure);
+  for (const WeightMatrix* w : ffn_matrices()) sum += measure(*w);
+  return sum;
 }
 
 

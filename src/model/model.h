@@ -54,8 +54,9 @@ struct Layer {
   std::vector<kernels::WeightMatrix*> matrices();  // the mixer's, then the FFN's
   std::vector<kernels::WeightMatrix*> mixer_matrices();
   std::vector<kernels::WeightMatrix*> ffn_matrices();
-  // Weight bytes one decode token reads (only the experts it is routed to).
-  uint64_t bytes_per_token(const ModelConfig& c);
+  // `measure` summed over the matrices one decode token reads (only the
+  // experts it is routed to): its weight bytes, or its multiply-adds.
+  uint64_t per_token(const ModelConfig& c, MatrixMeasure measure);
 };
 
 struct LoadOptions {
@@ -90,6 +91,9 @@ class Model {
   // Bytes of weights read by one decode step of one token (every matrix
   // once, n_expert_used experts of each expert layer, one embedding row).
   uint64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
+  // Multiply-adds of one token's matmuls (the same matrices; attention over
+  // the context and the norms are not counted).
+  uint64_t multiply_adds_per_token() const { return multiply_adds_per_token_; }
   // Bytes of weights copied into the interleaved layout at load (0: plain).
   uint64_t interleaved_bytes() const { return interleaved_.size(); }
   // The main weight dtype (of the first attention layer's Q projection), for reports.
@@ -137,6 +141,7 @@ class Model {
   std::vector<float> rope_freq_factors_;
   std::vector<Layer> layers_;
   uint64_t weight_bytes_per_step_ = 0;
+  uint64_t multiply_adds_per_token_ = 0;
   AnonymousMemory interleaved_;  // the interleaved matrices, when LoadOptions::interleave_weights
   OpProfile* profile_ = nullptr;
   ExpertExchange* experts_exchange_ = nullptr;

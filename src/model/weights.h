@@ -29,6 +29,12 @@ std::vector<kernels::WeightMatrix> expert_matrices(const gguf::File& f, const st
 inline uint64_t matrix_bytes(const kernels::WeightMatrix& w) {
   return static_cast<uint64_t>(w.row_bytes) * static_cast<uint64_t>(w.rows);
 }
+// Multiply-adds of one row of activations through the matrix.
+inline uint64_t matrix_multiply_adds(const kernels::WeightMatrix& w) {
+  return static_cast<uint64_t>(w.rows) * static_cast<uint64_t>(w.cols);
+}
+// A per-matrix figure (matrix_bytes, matrix_multiply_adds), summed over what a token reads.
+using MatrixMeasure = uint64_t (*)(const kernels::WeightMatrix&);
 // An f32 vector of n elements; null when absent and not required.
 const float* weight_vector(const gguf::File& f, const std::string& name, int64_t n, bool required = true);
 

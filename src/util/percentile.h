@@ -12,4 +12,15 @@ inline double percentile(std::vector<double> v, double p) {
   return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
+// Repeated measurements of a rate: the largest, the median, the smallest (0s
+// for none).
+struct RateSpread {
+  double best = 0, median = 0, worst = 0;
+};
+inline RateSpread rate_spread(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  return {v.back(), v[v.size() / 2], v.front()};
+}
+
 }  // namespace tandem
