@@ -1,5 +1,8 @@
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 #include "kernels/multiply_loops.h"
 
 namespace tandem::kernels {
@@ -25,12 +28,14 @@ void run_chains(V (&acc)[kChains], int64_t iterations, Op op) {
   }
 }
 
-double sum_lanes(const __m512* acc) {
+// The sum of every chain's lanes, read as Lane (float or int32).
+template <typename Lane, typename V>
+double sum_lanes(const V (&acc)[kChains]) {
   double s = 0;
-  for (int c = 0; c < kChains; ++c) {
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, acc[c]);
-    for (float v : lanes) s += v;
+  for (const V& v : acc) {
+    Lane lanes[16];
+    std::memcpy(lanes, &v, sizeof lanes);
+    for (Lane x : lanes) s += x;
   }
   return s;
 }
@@ -42,7 +47,7 @@ double multiply_loop_avx512_f32(int64_t iterations) {
   for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
   const __m512 one = opaque(_mm512_set1_ps(1.0f)), step = opaque(_mm512_set1_ps(1.0f / 1024));
   run_chains(acc, iterations, [&](__m512 a) { return _mm512_fmadd_ps(a, one, step); });
-  return sum_lanes(acc);
+  return sum_lanes<float>(acc);
 }
 
 double multiply_loop_avx512_bf16(int64_t iterations) {
@@ -51,7 +56,7 @@ double multiply_loop_avx512_bf16(int64_t iterations) {
   // 0x3d00 is 2^-5 in bf16.
   const __m512bh x = opaque((__m512bh)_mm512_set1_epi16(0x3d00));
   run_chains(acc, iterations, [&](__m512 a) { return _mm512_dpbf16_ps(a, x, x); });
-  return sum_lanes(acc);
+  return sum_lanes<float>(acc);
 }
 
 double multiply_loop_avx512_int8(int64_t iterations) {
@@ -59,13 +64,7 @@ double multiply_loop_avx512_int8(int64_t iterations) {
   for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_epi32(c);
   const __m512i u = opaque(_mm512_set1_epi8(1)), s = opaque(_mm512_set1_epi8(2));
   run_chains(acc, iterations, [&](__m512i a) { return _mm512_dpbusd_epi32(a, u, s); });
-  double sum = 0;
-  for (int c = 0; c < kChains; ++c) {
-    alignas(64) int32_t lanes[16];
-    _mm512_store_si512(lanes, acc[c]);
-    for (int32_t v : lanes) sum += v;
-  }
-  return sum;
+  return sum_lanes<int32_t>(acc);
 }
 
 }  // namespace tandem::kernels
