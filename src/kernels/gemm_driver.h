@@ -186,7 +186,7 @@ void panel_driver(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   constexpr int G = P.tile_groups;
   constexpr int T = P.tile_tokens;
   constexpr int D = P.decode_groups;
-  static_assert(G >= 1 && G <= 4 && T >= 1 && T <= 8 && D >= 1 && D <= 4 && P.token_block >= T);
+  static_assert(G >= 1 && G <= 4 && T >= 1 && T <= 8 && D >= 1 && D <= 8 && P.token_block >= T);
   const int64_t g_begin = row_begin / kPanelRows;
   const int64_t g_end = (row_end + kPanelRows - 1) / kPanelRows;
   const PanelTileJob rows{row_begin, row_end};
