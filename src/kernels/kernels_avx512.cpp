@@ -26,8 +26,9 @@ namespace {
 // loads are issued: a software prefetch this many 64-byte chunks ahead of each
 // row's stream (8 chunks = 512 bytes of a plain row) took batch-1 generation
 // on the small F16 model from 32 to 46 tokens/s (256 bytes: 39, 1024: 45,
-// 2048: 27). In an 8-row chunk group a chunk step is w_group lines; a panel's
-// decode tile prefetches each group's stream 512 bytes ahead.
+// 2048: 27). In an 8-row chunk group a chunk step is w_group lines; the
+// panels' decode tiles have their own distances (kPanelPrefetchBytes,
+// kBlockPanelPrefetchBytes).
 constexpr int64_t kPrefetchLines = 8;
 
 // The Q8_0 decode tile (one stream of an 8-row group) fetches further ahead,
