@@ -465,12 +465,12 @@ constexpr GemmPlan kFloatPlan{8, 3, 16, 16, 128};
 constexpr GemmPlan kQ8_0Plan{4, 6, 8, 32, 126};
 
 // Panels: prompt tiles of 4 groups x 6 tokens (29 of the 32 registers), over
-// 126-token blocks; decode tiles of 8 groups, eight streams (one FMA chain per
-// group, whose 4-cycle latency bounds a single stream; more streams keep more
-// lines in flight, see kPanelPrefetchBytes; the block panels stay at 4, where
-// 8 measured 0.87 on small Q4_K_M). On one thread, small
-// F16 x64 gate/up 134-163 -> 175-199 GFLOP/s, down 147-167 -> 182-215,
-// against the chunked 8 x 3 tiles (two alternating runs each).
+// 126-token blocks. On one thread, small F16 x64 gate/up 134-163 -> 175-199
+// GFLOP/s, down 147-167 -> 182-215, against the chunked 8 x 3 tiles (two
+// alternating runs each). Decode tiles of 8 groups: eight memory streams and
+// eight FMA chains (one chain's 4-cycle latency bounds a single stream), more
+// lines in flight than 4 (see kPanelPrefetchBytes). The block panels keep 4,
+// where 8 measured 0.87 on small Q4_K_M.
 constexpr PanelPlan kPanelPlan{4, 6, 8, 128};
 
 template <typename P, template <int, int> class ChunkTile>
