@@ -6,9 +6,8 @@
 #include <memory>
 #include <string>
 
-#include <unistd.h>
-
 #include "gguf/gguf.h"
+#include "scratch_dir.h"
 #include "model/make_model.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -20,9 +19,7 @@ inline std::string tiny_model_path(const std::string& arch, kernels::DType dtype
   const std::string key = arch + "-" + kernels::dtype_name(dtype) + "-" + std::to_string(seed);
   auto it = made.find(key);
   if (it != made.end()) return it->second;
-  const auto dir = std::filesystem::temp_directory_path() / ("tandem-test-models-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string path = (dir / ("tiny-" + key + ".gguf")).string();
+  const std::string path = (process_scratch_dir() / ("tiny-" + key + ".gguf")).string();
   MakeModelOptions o;
   // K-quant rows are blocks of 256: the tiny preset's 64-wide rows would all
   // fall back to q8_0.

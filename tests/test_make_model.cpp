@@ -195,11 +195,15 @@ TEST(Cli, GenerateIsDeterministicAndBenchPrintsJson) {
   EXPECT_EQ(out1, out2);
   EXPECT_EQ(out1.rfind("The quick brown fox", 0), 0u) << out1;
   EXPECT_GT(out1.size(), std::string("The quick brown fox\n").size());
-  const std::string json = run(bin + " bench model -m " + path + " -r 1 -p 16 -n 4 --batches 2,3 --json", &status);
+  const std::string json = run(bin + " bench model -m " + path + " -r 2 -p 16 -n 4 --batches 2,3 --json", &status);
   ASSERT_EQ(status, 0);
   for (const char* key : {"\"pp16_tps\"", "\"tg4_tps\"", "\"batched_decode_tps\"", "\"memory_bandwidth_gbps\"",
-                          "\"roofline_ratio\""})
+                          "\"roofline_ratio\"", "\"roofline_paired_ratio\""})
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
+  // Each generation run judged against the probe passes around it: one pair per run.
+  size_t pairs = 0;
+  for (size_t at = json.find("\"probe_gbps\""); at != std::string::npos; at = json.find("\"probe_gbps\"", at + 1)) ++pairs;
+  EXPECT_EQ(pairs, 2u) << json;
   // The per-op breakdown: every op of both phases, the matmuls with their rates.
   const std::string profiled =
       run(bin + " bench model -m " + path + " -r 1 -p 16 -n 4 --batches 2 --json --profile", &status);
@@ -212,6 +216,7 @@ TEST(Cli, GenerateIsDeterministicAndBenchPrintsJson) {
   EXPECT_NE(table.find("profile pp16 (1 forwards)"), std::string::npos) << table;
   EXPECT_NE(table.find("profile tg4 (4 forwards)"), std::string::npos) << table;
   EXPECT_NE(table.find("gate_up_matmul"), std::string::npos) << table;
+  EXPECT_NE(table.find("roofline, paired: each tg4 run's weight stream"), std::string::npos) << table;
   run(bin + " generate -m /nonexistent.gguf -n 2", &status);
   EXPECT_NE(status, 0);
   std::filesystem::remove(path);

@@ -411,7 +411,7 @@ std::vector<std::string> write_split(const gguf::File& src, const std::string& p
 }
 
 std::string split_prefix(const std::string& tag) {
-  const auto dir = std::filesystem::temp_directory_path() / ("tandem-split-" + std::to_string(::getpid()));
+  const auto dir = testing::process_scratch_dir() / "split";
   std::filesystem::create_directories(dir);
   return (dir / tag).string();
 }

@@ -7,7 +7,6 @@
 
 #include "kernels/isa.h"
 #include "kernels/read_stream.h"
-#include "util/anonymous_memory.h"
 #include "util/clock.h"
 #include "util/percentile.h"
 #include "util/thread_pool.h"
@@ -26,32 +25,51 @@ uint64_t read_stream_scalar(const uint8_t* p, size_t bytes) {
   return s;
 }
 
-ReadBandwidth measure_read_bandwidth(ThreadPool& pool, size_t size_bytes, int repeats) {
-  using Loop = uint64_t (*)(const uint8_t*, size_t);
-  Loop loop = read_stream_scalar;
-  ReadBandwidth r;
-  r.loop = "scalar";
-  if (isa_supported(Isa::kAvx512)) loop = read_stream_avx512, r.loop = "avx512";
-  else if (isa_supported(Isa::kAvx2)) loop = read_stream_avx2, r.loop = "avx2";
+namespace {
 
-  constexpr size_t kSliceAlign = 2 << 20;  // whole huge pages per thread
-  const size_t threads = static_cast<size_t>(pool.size());
-  const size_t slice = std::max(kSliceAlign, size_bytes / threads / kSliceAlign * kSliceAlign);
-  r.size_bytes = slice * threads;
-  AnonymousMemory buf(r.size_bytes);
-  // Each thread touches (so faults in, on its own node) the slice it reads.
-  pool.run([&](int t, int) {
-    uint8_t* p = buf.data() + static_cast<size_t>(t) * slice;
-    for (size_t i = 0; i < slice; i += 4096) std::memset(p + i, static_cast<int>(i >> 12), 64);
-  });
-  std::atomic<uint64_t> sink{0};
-  for (int rep = 0; rep < repeats; ++rep) {
-    Stopwatch sw;
-    pool.run([&](int t, int) {
-      sink.fetch_add(loop(buf.data() + static_cast<size_t>(t) * slice, slice), std::memory_order_relaxed);
-    });
-    r.runs_bps.push_back(static_cast<double>(r.size_bytes) / sw.elapsed_s());
+constexpr size_t kSliceAlign = 2 << 20;  // whole huge pages per thread
+
+size_t slice_for(size_t size_bytes, int threads) {
+  return std::max(kSliceAlign, size_bytes / static_cast<size_t>(threads) / kSliceAlign * kSliceAlign);
+}
+
+}  // namespace
+
+ReadProbe::ReadProbe(ThreadPool& pool, size_t size_bytes)
+    : pool_(pool),
+      slice_bytes_(slice_for(size_bytes, pool.size())),
+      buf_(slice_bytes_ * static_cast<size_t>(pool.size())),
+      loop_(read_stream_scalar),
+      loop_name_("scalar") {
+  if (isa_supported(Isa::kAvx512)) {
+    loop_ = read_stream_avx512, loop_name_ = "avx512";
+  } else if (isa_supported(Isa::kAvx2)) {
+    loop_ = read_stream_avx2, loop_name_ = "avx2";
   }
+  // Each thread touches (so faults in, on its own node) the slice it reads.
+  pool_.run([&](int t, int) {
+    uint8_t* p = buf_.data() + static_cast<size_t>(t) * slice_bytes_;
+    for (size_t i = 0; i < slice_bytes_; i += 4096) std::memset(p + i, static_cast<int>(i >> 12), 64);
+  });
+}
+
+double ReadProbe::pass_bps() {
+  std::atomic<uint64_t> sum{0};
+  Stopwatch sw;
+  pool_.run([&](int t, int) {
+    sum.fetch_add(loop_(buf_.data() + static_cast<size_t>(t) * slice_bytes_, slice_bytes_), std::memory_order_relaxed);
+  });
+  const double bps = static_cast<double>(buf_.size()) / sw.elapsed_s();
+  sink_ += sum.load();  // kept, so that the reads are not dead code
+  return bps;
+}
+
+ReadBandwidth measure_read_bandwidth(ThreadPool& pool, size_t size_bytes, int repeats) {
+  ReadProbe probe(pool, size_bytes);
+  ReadBandwidth r;
+  r.loop = probe.loop();
+  r.size_bytes = probe.size_bytes();
+  for (int rep = 0; rep < repeats; ++rep) r.runs_bps.push_back(probe.pass_bps());
   const RateSpread spread = rate_spread(r.runs_bps);
   r.best_bps = spread.best, r.median_bps = spread.median, r.worst_bps = spread.worst;
   return r;
