@@ -909,5 +909,31 @@ TEST(Kernels, PagedAttentionIsBatchChunkAndPlacementInvariant) {
   }
 }
 
+// A decode row (one row of a group of heads: its tile reads K and V where
+// they are in the pool) computes bitwise what the same row computes inside a
+// prompt tile (which widens each block to f32 first), for every cache dtype,
+// with blocks that fill whole vectors, and a head size with a vector tail.
+TEST(Kernels, PagedAttentionDecodeRowsMatchPromptTilesBitwise) {
+  const int n_pos = 53;
+  std::vector<int32_t> table = {3, 0, 2, 1};
+  for (int hd : {64, 24}) {
+    for (DType t : {DType::kF16, DType::kBF16, DType::kF32}) {
+      const AttentionProblem pr(8, 2, hd, 16, n_pos, t, table, 5);
+      const size_t ld = static_cast<size_t>(8 * hd);
+      for (Isa isa : supported_isas()) {
+        const std::vector<float> whole = pr.run(isa, 0, n_pos, {n_pos}, 2);
+        for (int r : {0, 15, 16, 31, 40, 52}) {
+          const std::vector<float> alone = pr.run(isa, r, 1, {1}, 2);
+          EXPECT_EQ(std::memcmp(alone.data(), whole.data() + static_cast<size_t>(r) * ld, ld * 4), 0)
+              << isa_name(isa) << " " << dtype_name(t) << " hd=" << hd << " row " << r;
+        }
+        // Two decode rows of different sequences in one call, as a batched step runs them.
+        const std::vector<float> pair = pr.run(isa, 40, 2, {1, 1}, 2);
+        EXPECT_EQ(std::memcmp(pair.data(), whole.data() + 40 * ld, 2 * ld * 4), 0) << isa_name(isa) << " " << dtype_name(t);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kernels

@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "kernels/isa_kernels.h"
 #include "kernels/kv_layout.h"
+#include "util/fp16.h"
 
 namespace tandem::kernels {
 namespace {  // NOLINT(google-build-namespaces): see gemm_driver.h
@@ -107,12 +109,28 @@ void delta_rule_vec(float* state, int64_t s, const float* k, const float* q, con
   }
 }
 
-// What attend_block needs of the tile: the block's K (transposed, bs_pad
-// positions per dimension) and V (widened, hd per position), and per query its
-// running max, running sum and unnormalised output.
+// Element i of a KV row of type T, as f32 (exact, as Vec::load_kv).
+template <DType T>
+inline float kv_element(const uint8_t* p, int64_t i) {
+  uint16_t h;
+  if constexpr (T == DType::kF32) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  } else {
+    std::memcpy(&h, p + 2 * i, 2);
+    return T == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+  }
+}
+
+// What attend_block needs of the tile: the block's K (transposed, k_row
+// elements per dimension, bs_pad positions of them used) and V (hd per
+// position), both of element type KT (below), and per query its running max,
+// running sum and unnormalised output.
 struct AttentionBlockState {
-  const float* kt;
-  const float* vf;
+  const uint8_t* k;
+  const uint8_t* v;
+  int k_row;
   int bs_pad;
   int hd;
   float scale;
@@ -126,17 +144,18 @@ struct AttentionBlockState {
 // The output update of attend_block for H W-wide pieces of d from d0: per
 // element out * correction (zero on the first block), then p_j * V_j added
 // for j ascending.
-template <int Q, int H>
+template <DType KT, int Q, int H>
 inline void accumulate_values(const AttentionBlockState& st, const float* const* p, float* const* o,
                               const float* correction, int limit, int d0) {
   constexpr int W = Vec::kWidth;
+  constexpr int64_t kElt = KT == DType::kF32 ? 4 : 2;
   typename Vec::V acc[Q][H];
   for (int i = 0; i < Q; ++i)
     for (int h = 0; h < H; ++h)
       acc[i][h] = st.first_block ? Vec::zero() : Vec::mul(Vec::load(o[i] + d0 + h * W), Vec::set1(correction[i]));
   for (int j = 0; j < limit; ++j) {
     typename Vec::V v[H];
-    for (int h = 0; h < H; ++h) v[h] = Vec::load(st.vf + j * st.hd + d0 + h * W);
+    for (int h = 0; h < H; ++h) v[h] = Vec::template load_kv<KT>(st.v + kElt * (int64_t{j} * st.hd + d0 + h * W));
     for (int i = 0; i < Q; ++i) {
       const auto pj = Vec::set1(p[i][j]);
       for (int h = 0; h < H; ++h) acc[i][h] = Vec::fmadd(pj, v[h], acc[i][h]);
@@ -151,9 +170,10 @@ inline void accumulate_values(const AttentionBlockState& st, const float* const*
 // arithmetic is exactly the one-query computation (the same partial sums in
 // the same order); doing Q together only shares the K and V loads and keeps
 // 4 * Q independent FMA chains in flight instead of 4.
-template <int Q>
+template <DType KT, int Q>
 inline void attend_block(const AttentionBlockState& st, const float* const* q, const int64_t* qi, int limit) {
   constexpr int W = Vec::kWidth;
+  constexpr int64_t kElt = KT == DType::kF32 ? 4 : 2;
   const int bs_pad = st.bs_pad;
   const int hd = st.hd;
   // Scores of this block's positions, W at a time; per query four partial
@@ -162,16 +182,16 @@ inline void attend_block(const AttentionBlockState& st, const float* const* q, c
     typename Vec::V s[Q][4];
     for (int i = 0; i < Q; ++i)
       for (int p = 0; p < 4; ++p) s[i][p] = Vec::zero();
-    const float* k = st.kt + c;
+    const uint8_t* k = st.k + kElt * c;
     int d = 0;
     for (; d + 4 <= hd; d += 4) {
       for (int p = 0; p < 4; ++p) {
-        const auto kd = Vec::load(k + (d + p) * bs_pad);
+        const auto kd = Vec::template load_kv<KT>(k + kElt * (d + p) * st.k_row);
         for (int i = 0; i < Q; ++i) s[i][p] = Vec::fmadd(Vec::set1(q[i][d + p]), kd, s[i][p]);
       }
     }
     for (; d < hd; ++d) {
-      const auto kd = Vec::load(k + d * bs_pad);
+      const auto kd = Vec::template load_kv<KT>(k + kElt * d * st.k_row);
       for (int i = 0; i < Q; ++i) s[i][0] = Vec::fmadd(Vec::set1(q[i][d]), kd, s[i][0]);
     }
     for (int i = 0; i < Q; ++i)
@@ -188,7 +208,8 @@ inline void attend_block(const AttentionBlockState& st, const float* const* q, c
     for (int c = 0; c < bs_pad; c += W) vmax = Vec::max(vmax, Vec::load(sc + c));
     const float old_max = st.run_max[qi[i]];
     const float new_max = std::max(old_max, Vec::reduce_max(vmax));
-    correction[i] = std::exp(old_max - new_max);
+    // (exp(0) is exactly 1: skipping the call when the max holds changes nothing.)
+    correction[i] = old_max == new_max ? 1.0f : std::exp(old_max - new_max);
     for (int c = 0; c < bs_pad; c += W) Vec::store(sc + c, Vec::exp(Vec::sub(Vec::load(sc + c), Vec::set1(new_max))));
     for (int j = limit; j < bs_pad; ++j) sc[j] = 0.0f;
     auto vsum = Vec::zero();
@@ -203,12 +224,12 @@ inline void attend_block(const AttentionBlockState& st, const float* const* q, c
   for (int i = 0; i < Q; ++i) o[i] = st.out + qi[i] * hd;
   const int hd_vec = hd / W * W;
   int d = 0;
-  for (; d + 2 * W <= hd_vec; d += 2 * W) accumulate_values<Q, 2>(st, p, o, correction, limit, d);
-  for (; d < hd_vec; d += W) accumulate_values<Q, 1>(st, p, o, correction, limit, d);
+  for (; d + 2 * W <= hd_vec; d += 2 * W) accumulate_values<KT, Q, 2>(st, p, o, correction, limit, d);
+  for (; d < hd_vec; d += W) accumulate_values<KT, Q, 1>(st, p, o, correction, limit, d);
   for (int i = 0; i < Q; ++i) {
     for (int dd = hd_vec; dd < hd; ++dd) {
       float acc = st.first_block ? 0.0f : o[i][dd] * correction[i];
-      for (int j = 0; j < limit; ++j) acc = std::fma(p[i][j], st.vf[j * hd + dd], acc);
+      for (int j = 0; j < limit; ++j) acc = std::fma(p[i][j], kv_element<KT>(st.v, int64_t{j} * hd + dd), acc);
       o[i][dd] = acc;
     }
   }
@@ -225,9 +246,13 @@ inline void attend_block(const AttentionBlockState& st, const float* const* q, c
 // order whatever the tile holds, so its result depends only on its position
 // and the cached K/V (batch and chunk invariance). Queries that see the same
 // positions of a block go through it four at a time (attend_block).
-void attention_tile_vec(const AttentionTileArgs& a) {
+constexpr int kQueriesPerPass = 4;
+
+// The tile, reading K and V as KT: the pool's own pieces (in_place; KT is the
+// pool's dtype) or f32 copies widened once per block.
+template <DType KT>
+void attention_tile_as(const AttentionTileArgs& a, bool in_place) {
   constexpr int W = Vec::kWidth;
-  constexpr int kQueriesPerPass = 4;
   const PagedKvLayer& kv = *a.kv;
   const int bs = kv.block_size;
   const int bs_pad = (bs + W - 1) / W * W;
@@ -251,8 +276,17 @@ void attention_tile_vec(const AttentionTileArgs& a) {
   out.resize(static_cast<size_t>(n_queries * hd));
   run_max.assign(static_cast<size_t>(n_queries), -std::numeric_limits<float>::infinity());
   run_sum.assign(static_cast<size_t>(n_queries), 0.0f);
-  AttentionBlockState st{kt.data(), vf.data(), bs_pad,        hd,          a.scale,
-                         true,      scores.data(), run_max.data(), run_sum.data(), out.data()};
+  AttentionBlockState st{reinterpret_cast<const uint8_t*>(kt.data()),
+                         reinterpret_cast<const uint8_t*>(vf.data()),
+                         in_place ? bs : bs_pad,
+                         bs_pad,
+                         hd,
+                         a.scale,
+                         true,
+                         scores.data(),
+                         run_max.data(),
+                         run_sum.data(),
+                         out.data()};
 
   const int32_t last_position = a.first_position + a.n_rows - 1;
   const int32_t n_blocks = last_position / bs + 1;
@@ -271,16 +305,20 @@ void attention_tile_vec(const AttentionTileArgs& a) {
     const int32_t block_first = b * bs;
     const int n_valid = valid_in(b);
     const uint8_t* block = kv.base + static_cast<size_t>(a.block_table[b]) * kv.block_bytes;
-    // K arrives transposed, one row of bs slots per dimension: widened as it
-    // is when rows fill whole vectors, else row by row into the padded rows.
-    if (bs == bs_pad) {
+    // K arrives transposed, one row of bs slots per dimension: read where it
+    // is, or widened as it is when rows fill whole vectors, else row by row
+    // into the padded rows.
+    if (in_place) {
+      st.k = block + k_piece;
+      st.v = block + v_piece;
+    } else if (bs == bs_pad) {
       Vec::widen(kv.dtype, block + k_piece, kt.data(), kv_head_elements(shape));
     } else {
       for (int d = 0; d < hd; ++d)
         Vec::widen(kv.dtype, block + k_piece + elt * static_cast<size_t>(d * bs),
                    kt.data() + static_cast<size_t>(d) * static_cast<size_t>(bs_pad), bs);
     }
-    Vec::widen(kv.dtype, block + v_piece, vf.data(), int64_t{n_valid} * hd);
+    if (!in_place) Vec::widen(kv.dtype, block + v_piece, vf.data(), int64_t{n_valid} * hd);
     st.first_block = b == 0;
     // Rows before the block's first position do not reach it. Queries are
     // taken in tile order (row, then head of the group); a pass holds
@@ -302,12 +340,12 @@ void attention_tile_vec(const AttentionTileArgs& a) {
           qs[i] = query(q0 + i);
           qis[i] = q0 + i;
         }
-        attend_block<kQueriesPerPass>(st, qs, qis, limit);
+        attend_block<KT, kQueriesPerPass>(st, qs, qis, limit);
         q0 += kQueriesPerPass;
       } else {
         const float* qs[1] = {query(q0)};
         const int64_t qis[1] = {q0};
-        attend_block<1>(st, qs, qis, limit);
+        attend_block<KT, 1>(st, qs, qis, limit);
         ++q0;
       }
     }
@@ -319,6 +357,24 @@ void attention_tile_vec(const AttentionTileArgs& a) {
       float* dst = a.out + t * a.ldo + static_cast<int64_t>(a.kv_head * a.group + g) * hd;
       for (int d = 0; d < hd; ++d) dst[d] = out[static_cast<size_t>(qi * hd + d)] * inv;
     }
+  }
+}
+
+// Widening a block's K and V to f32 first costs a pass that stores them and
+// is worth it when many queries reuse the copy (a prompt tile: up to 16 rows
+// of a group of heads). A decode tile's few queries read the pool's pieces
+// where they are, converting as they load: the same f32 values, so the same
+// results, without the copy, whose stores wait on the pieces' loads from
+// memory (small Q4_K_M tg512, alternating runs: attention 0.69-0.74 ms per
+// step before, 0.61-0.65 after; docs/BENCHMARKS.md).
+void attention_tile_vec(const AttentionTileArgs& a) {
+  const int bs = a.kv->block_size;
+  const bool in_place = bs % Vec::kWidth == 0 && int64_t{a.n_rows} * a.group <= 2 * kQueriesPerPass;
+  if (!in_place) return attention_tile_as<DType::kF32>(a, false);
+  switch (a.kv->dtype) {
+    case DType::kF16: return attention_tile_as<DType::kF16>(a, true);
+    case DType::kBF16: return attention_tile_as<DType::kBF16>(a, true);
+    default: return attention_tile_as<DType::kF32>(a, true);
   }
 }
 
