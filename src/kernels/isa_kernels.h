@@ -89,6 +89,20 @@ inline size_t float_offset(const GemmArgs& a, int64_t byte) {
   return static_cast<size_t>((byte / kFloatChunkBytes) * a.w_group * kFloatChunkBytes + byte % kFloatChunkBytes);
 }
 
+// A vector of a KV row of cache type T at p, as f32 (exact), by an ISA's
+// loaders of f32, f16 and bf16 elements (the vector variants' Vec::load_kv).
+template <typename F32, typename F16, typename BF16, DType T>
+inline auto load_kv_with(const uint8_t* p) {
+  if constexpr (T == DType::kF16) {
+    return F16::load(p);
+  } else if constexpr (T == DType::kBF16) {
+    return BF16::load(p);
+  } else {
+    static_assert(T == DType::kF32);
+    return F32::load(p);
+  }
+}
+
 // The address `ahead` bytes past p, for a prefetch: it may lie past the end
 // of the weights (a prefetch never faults), so it is formed as an integer,
 // not by pointer arithmetic beyond the array.

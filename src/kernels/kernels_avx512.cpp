@@ -512,16 +512,7 @@ struct Vec {
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   // kWidth elements of a KV row of type T at p, as f32 (exact).
   template <DType T>
-  static V load_kv(const uint8_t* p) {
-    if constexpr (T == DType::kF16) {
-      return LoadF16::load(p);
-    } else if constexpr (T == DType::kBF16) {
-      return LoadBF16::load(p);
-    } else {
-      static_assert(T == DType::kF32);
-      return LoadF32::load(p);
-    }
-  }
+  static V load_kv(const uint8_t* p) { return load_kv_with<LoadF32, LoadF16, LoadBF16, T>(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
