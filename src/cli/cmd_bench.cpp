@@ -209,7 +209,7 @@ void run_bench_model(const BenchArgs& a) {
   // the probe passes just around it. The passes evict the caches, which only
   // a model smaller than the last-level cache would notice.
   kernels::ReadProbe probe(pool, kProbeBytes);
-  const double bytes_per_step = static_cast<double>(model.weight_bytes_per_step());
+  const double bytes_per_token = static_cast<double>(model.weight_bytes_per_step());
   auto probe_best_of = [&](int passes) {
     double best = 0;
     for (int i = 0; i < passes; ++i) best = std::max(best, probe.pass_bps());
@@ -229,7 +229,7 @@ void run_bench_model(const BenchArgs& a) {
     }
     runs.push_back(a.n_gen / sw.elapsed_s());
     const double after_bps = probe_best_of(kPairedProbePasses);
-    r.tg_paired.push_back({runs.back() * bytes_per_step, std::max(before_bps, after_bps)});
+    r.tg_paired.push_back({runs.back() * bytes_per_token, std::max(before_bps, after_bps)});
   }
   r.tg_tps = median(runs);
   model.set_profile(nullptr);
@@ -280,13 +280,8 @@ void run_bench_model(const BenchArgs& a) {
   }
 
   progress("memory bandwidth");
-  r.bandwidth.loop = probe.loop();
-  r.bandwidth.size_bytes = probe.size_bytes();
-  for (int i = 0; i < kProbePasses; ++i) r.bandwidth.runs_bps.push_back(probe.pass_bps());
-  const RateSpread spread = rate_spread(r.bandwidth.runs_bps);
-  r.bandwidth.best_bps = spread.best, r.bandwidth.median_bps = spread.median, r.bandwidth.worst_bps = spread.worst;
+  r.bandwidth = kernels::measure_read_bandwidth(probe, kProbePasses);
   r.bandwidth_bps = r.bandwidth.best_bps;
-  const double bytes_per_token = bytes_per_step;
   std::vector<double> paired_ratios;
   for (const PairedRun& p : r.tg_paired) paired_ratios.push_back(p.ratio());
   const RateSpread paired = rate_spread(paired_ratios);

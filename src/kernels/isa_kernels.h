@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/attention.h"
 #include "kernels/dtype.h"
@@ -11,6 +12,7 @@
 #include "kernels/isa.h"
 #include "kernels/k_quants.h"
 #include "kernels/matmul.h"
+#include "util/fp16.h"
 
 namespace tandem::kernels {
 
@@ -87,6 +89,20 @@ inline const uint8_t* gemm_row(const GemmArgs& a, int64_t r, int64_t chunk_bytes
 // start at multiples of their width, and 64 is a multiple of every width).
 inline size_t float_offset(const GemmArgs& a, int64_t byte) {
   return static_cast<size_t>((byte / kFloatChunkBytes) * a.w_group * kFloatChunkBytes + byte % kFloatChunkBytes);
+}
+
+// Element i of a KV row of cache type T at p, as f32 (exact).
+template <DType T>
+inline float kv_element(const uint8_t* p, int64_t i) {
+  if constexpr (T == DType::kF32) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    return T == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+  }
 }
 
 // A vector of a KV row of cache type T at p, as f32 (exact), by an ISA's

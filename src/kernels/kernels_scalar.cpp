@@ -201,16 +201,7 @@ struct Vec {
   static V load(const float* p) { return *p; }
   // The element of a KV row of type T at p, as f32.
   template <DType T>
-  static V load_kv(const uint8_t* p) {
-    if constexpr (T == DType::kF16) {
-      return load_f16(p, 0);
-    } else if constexpr (T == DType::kBF16) {
-      return load_bf16(p, 0);
-    } else {
-      static_assert(T == DType::kF32);
-      return load_f32(p, 0);
-    }
-  }
+  static V load_kv(const uint8_t* p) { return kv_element<T>(p, 0); }
   static void store(float* p, V v) { *p = v; }
   static V add(V a, V b) { return a + b; }
   static V sub(V a, V b) { return a - b; }

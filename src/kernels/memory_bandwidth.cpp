@@ -64,8 +64,7 @@ double ReadProbe::pass_bps() {
   return bps;
 }
 
-ReadBandwidth measure_read_bandwidth(ThreadPool& pool, size_t size_bytes, int repeats) {
-  ReadProbe probe(pool, size_bytes);
+ReadBandwidth measure_read_bandwidth(ReadProbe& probe, int repeats) {
   ReadBandwidth r;
   r.loop = probe.loop();
   r.size_bytes = probe.size_bytes();
@@ -73,6 +72,11 @@ ReadBandwidth measure_read_bandwidth(ThreadPool& pool, size_t size_bytes, int re
   const RateSpread spread = rate_spread(r.runs_bps);
   r.best_bps = spread.best, r.median_bps = spread.median, r.worst_bps = spread.worst;
   return r;
+}
+
+ReadBandwidth measure_read_bandwidth(ThreadPool& pool, size_t size_bytes, int repeats) {
+  ReadProbe probe(pool, size_bytes);
+  return measure_read_bandwidth(probe, repeats);
 }
 
 }  // namespace tandem::kernels

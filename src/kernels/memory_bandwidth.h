@@ -45,7 +45,9 @@ class ReadProbe {
   uint64_t sink_ = 0;
 };
 
-// `repeats` passes of a ReadProbe of `size_bytes`, with their spread.
+// `repeats` passes of `probe`, with their spread.
+ReadBandwidth measure_read_bandwidth(ReadProbe& probe, int repeats);
+// The same of a ReadProbe of `size_bytes` made for it.
 ReadBandwidth measure_read_bandwidth(ThreadPool& pool, size_t size_bytes = size_t{1} << 30, int repeats = 8);
 
 }  // namespace tandem::kernels

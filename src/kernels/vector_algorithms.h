@@ -13,13 +13,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "kernels/isa_kernels.h"
 #include "kernels/kv_layout.h"
-#include "util/fp16.h"
 
 namespace tandem::kernels {
 namespace {  // NOLINT(google-build-namespaces): see gemm_driver.h
@@ -106,20 +104,6 @@ void delta_rule_vec(float* state, int64_t s, const float* k, const float* q, con
     float sq = Vec::reduce_add(acc);
     for (; i < s; ++i) sq += (row[i] += k[i] * d) * q[i];
     out[j] = sq * scale;
-  }
-}
-
-// Element i of a KV row of type T, as f32 (exact, as Vec::load_kv).
-template <DType T>
-inline float kv_element(const uint8_t* p, int64_t i) {
-  uint16_t h;
-  if constexpr (T == DType::kF32) {
-    float f;
-    std::memcpy(&f, p + 4 * i, 4);
-    return f;
-  } else {
-    std::memcpy(&h, p + 2 * i, 2);
-    return T == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
   }
 }
 
@@ -270,8 +254,10 @@ void attention_tile_as(const AttentionTileArgs& a, bool in_place) {
   // last valid one) and in `out` are never used: scores past a query's limit
   // are overwritten with -inf, and block 0 (which every query visits first)
   // starts its output sums from zero.
-  kt.resize(static_cast<size_t>(hd) * static_cast<size_t>(bs_pad));
-  vf.resize(static_cast<size_t>(bs) * static_cast<size_t>(hd));
+  if (!in_place) {
+    kt.resize(static_cast<size_t>(hd) * static_cast<size_t>(bs_pad));
+    vf.resize(static_cast<size_t>(bs) * static_cast<size_t>(hd));
+  }
   scores.resize(static_cast<size_t>(kQueriesPerPass * bs_pad));
   out.resize(static_cast<size_t>(n_queries * hd));
   run_max.assign(static_cast<size_t>(n_queries), -std::numeric_limits<float>::infinity());
