@@ -450,6 +450,63 @@ TEST(Kernels, MatmulGroupSameForOneAndTwoThreads) {
   for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(ya1[i], ref[i], 1e-4);
 }
 
+// A decode matmul told what comes next computes what it computes without,
+// and each thread's fetch of its next share lies in that share's first rows:
+// in the output its share starts in, from the group holding its first row,
+// one span per stream of a decode tile, about kNextShareFetchBytes in all.
+TEST(Kernels, ADecodeMatmulFetchesTheStartOfEachThreadsNextShare) {
+  for (DType t : {DType::kF16, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K, DType::kQ4_0}) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t cols = 256;
+    const Problem q = Problem(t, 512, cols, 1, 1).interleaved(), k = Problem(t, 128, cols, 1, 2).interleaved(),
+                  v = Problem(t, 128, cols, 1, 3).interleaved();
+    const size_t rb = dtype_row_bytes(t, cols);
+    const WeightMatrix wq{t, q.w.data(), q.rows, cols, rb, q.group, q.chunk_bytes};
+    const WeightMatrix wk{t, k.w.data(), k.rows, cols, rb, k.group, k.chunk_bytes};
+    const WeightMatrix wv{t, v.w.data(), v.rows, cols, rb, v.group, v.chunk_bytes};
+    ThreadPool two(2), three(3);
+    for (ThreadPool* pool : {&two, &three}) {
+      for (bool same_rows : {false, true}) {
+        NextMatmul next{same_rows ? std::vector<const WeightMatrix*>{&wk, &wv} : std::vector<const WeightMatrix*>{&wq, &wk, &wv},
+                        MatmulSplit{.row_grain = 64, .same_rows = same_rows}};
+        const int64_t rows = same_rows ? 128 : 768;
+        for (int th = 0; th < pool->size(); ++th) {
+          const auto [b, e] = pool->balanced_range(rows, 64, th);
+          const NextShareSpans s = next_share_spans(next, *pool, th);
+          if (b == e) {
+            EXPECT_EQ(s.n, 0);
+            continue;
+          }
+          // The output holding row b, and row b's group in it.
+          const WeightMatrix* m = same_rows ? &wk : b < 512 ? &wq : b < 640 ? &wk : &wv;
+          const int64_t r = same_rows ? b : b < 512 ? b : b < 640 ? b - 512 : b - 640;
+          const uint8_t* group_start = m->data + r / m->group * m->group * static_cast<int64_t>(rb);
+          ASSERT_GT(s.n, 0) << "thread " << th;
+          EXPECT_EQ(s.spans[0].data, group_start) << "thread " << th;
+          int64_t total = 0;
+          for (int i = 0; i < s.n; ++i) {
+            const ByteSpan& span = s.spans[static_cast<size_t>(i)];
+            EXPECT_GE(span.data, group_start);
+            EXPECT_LE(span.data + span.bytes, m->data + m->rows * static_cast<int64_t>(rb)) << "span " << i;
+            EXPECT_GT(span.bytes, 0);
+            total += span.bytes;
+          }
+          EXPECT_LE(total, kNextShareFetchBytes);
+        }
+      }
+    }
+    // The products do not change for being told what comes next.
+    const MatmulInput in = takes_q8_activations(t) ? MatmulInput{nullptr, 0, q.xq.data(), cols / 32} : MatmulInput{q.x.data(), cols};
+    std::vector<float> plain(512), told(512);
+    const MatmulOutput without[] = {{&wq, plain.data(), 512}};
+    const MatmulOutput with[] = {{&wq, told.data(), 512}};
+    const NextMatmul next{{&wk, &wv}, {}};
+    matmul(without, in, 1, two);
+    matmul(with, in, 1, two, {}, {}, &next);
+    EXPECT_EQ(std::memcmp(plain.data(), told.data(), plain.size() * 4), 0);
+  }
+}
+
 // Tasks with their own inputs and token counts (the experts of a MoE layer)
 // give, bitwise, what one matmul per task gives, on 1 and 2 threads, with the
 // same_rows split and in the concatenated row space, for every weight type.

@@ -362,6 +362,34 @@ TEST(Model, RopeFrequencyFactorsFromTheFileAreApplied) {
   EXPECT_FALSE(bitwise_equal(base.data(), scaled.data(), base.size()));
 }
 
+TEST(DecodeOrder, EachGroupNamesTheNextAndTheLastTheFirst) {
+  std::vector<uint8_t> bytes(64);
+  const kernels::WeightMatrix a{DType::kF32, bytes.data(), 1, 16, 64}, b = a, c = a, d = a;
+  DecodeOrder order;
+  order.add({&a, &b}, kernels::MatmulSplit{.row_grain = 64});
+  order.add({&c}, {});
+  order.add({&d}, kernels::MatmulSplit{.same_rows = true});
+  ASSERT_EQ(order.size(), 3u);
+  ASSERT_NE(order.after(&a), nullptr);
+  EXPECT_EQ(order.after(&a)->weights, std::vector<const kernels::WeightMatrix*>{&c});
+  EXPECT_EQ(order.after(&c)->weights, std::vector<const kernels::WeightMatrix*>{&d});
+  EXPECT_TRUE(order.after(&c)->split.same_rows);
+  EXPECT_EQ(order.after(&d)->weights, (std::vector<const kernels::WeightMatrix*>{&a, &b}));  // the next step's first
+  EXPECT_EQ(order.after(&d)->split.row_grain, 64);
+  EXPECT_EQ(order.after(&b), nullptr);  // not the first of a group
+}
+
+// Dense models fetch each thread's next share ahead in decode (four groups a
+// layer and the LM head); a MoE model, whose next matrices depend on routing,
+// does not.
+TEST(Model, TheDecodeOrderCoversEveryMatmulOfADenseModelAndNoneOfAMoeModel) {
+  for (const char* arch : {"llama", "qwen2", "qwen3"}) {
+    const Loaded l = load(arch, DType::kF16);
+    EXPECT_EQ(l.model->decode_order().size(), static_cast<size_t>(4 * l.model->config().n_layer + 1)) << arch;
+  }
+  EXPECT_EQ(load("qwen3moe", DType::kF16).model->decode_order().size(), 0u);
+}
+
 TEST(Model, RejectsUnknownArchitecture) {
   gguf::Writer w;
   w.set("general.architecture", gguf::Value::make_string("mamba"));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "util/function_ref.h"
+#include "util/split_balance.h"
 #include "util/thread_pool.h"
 
 namespace tandem {
@@ -61,6 +62,83 @@ TEST(ThreadPool, ParallelForRunsEveryIndexOnceOnGrainBoundaries) {
       }
     }
   }
+}
+
+TEST(ThreadPool, BalancedForRunsEveryThreadOnceOverEveryIndexOnceOnGrainBoundaries) {
+  // 9 threads: more than SplitBalance::kMaxThreads, an even split.
+  for (int threads : {1, 2, 3, 4, 9}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {1, 15, 16, 17, 1000, 4099}) {
+      for (int64_t grain : {1, 16, 64}) {
+        SCOPED_TRACE(testing::Message() << threads << " threads, n " << n << ", grain " << grain);
+        // Several calls, so that later ones run on measured speeds.
+        for (int call = 0; call < 5; ++call) {
+          std::vector<std::pair<int64_t, int64_t>> predicted(static_cast<size_t>(threads));
+          for (int t = 0; t < threads; ++t) predicted[static_cast<size_t>(t)] = pool.balanced_range(n, grain, t);
+          std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+          std::vector<std::atomic<int>> calls(static_cast<size_t>(threads));
+          std::atomic<int> bad_bounds{0}, unpredicted{0};
+          pool.parallel_for_balanced(n, grain, [&](int t, int64_t b, int64_t e) {
+            calls[static_cast<size_t>(t)].fetch_add(1);
+            if (b > e || (b < e && (b % grain != 0 || (e % grain != 0 && e != n)))) bad_bounds.fetch_add(1);
+            if (predicted[static_cast<size_t>(t)] != std::pair<int64_t, int64_t>{b, e}) unpredicted.fetch_add(1);
+            for (int64_t i = b; i < e; ++i) seen[static_cast<size_t>(i)].fetch_add(1);
+          });
+          EXPECT_EQ(bad_bounds.load(), 0);
+          EXPECT_EQ(unpredicted.load(), 0) << "balanced_range differs from the call's ranges";
+          // One grain runs on the caller alone; otherwise every thread is called once.
+          const bool inline_call = threads == 1 || (n + grain - 1) / grain == 1;
+          for (int t = 0; t < threads; ++t)
+            ASSERT_EQ(calls[static_cast<size_t>(t)].load(), inline_call && t > 0 ? 0 : 1) << "thread " << t;
+          for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)].load(), 1) << "index " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(SplitBalance, CutsEvenlyUntilTimesAreRecorded) {
+  EXPECT_EQ(SplitBalance(1).cuts(7)[1], 7);
+  const SplitBalance::Cuts two = SplitBalance(2).cuts(100);
+  EXPECT_EQ(two[0], 0);
+  EXPECT_EQ(two[1], 50);
+  EXPECT_EQ(two[2], 100);
+  const SplitBalance::Cuts three = SplitBalance(3).cuts(100);
+  EXPECT_EQ(three[1], 33);
+  EXPECT_EQ(three[2], 67);
+  EXPECT_EQ(three[3], 100);
+}
+
+TEST(SplitBalance, ASlowerThreadIsGivenFewerUnitsInProportionToItsSpeed) {
+  SplitBalance split(2);
+  // Thread 1 takes twice as long per unit as thread 0, whatever its share.
+  for (int call = 0; call < 60; ++call) {
+    const SplitBalance::Cuts cut = split.cuts(90);
+    const std::array<int64_t, 2> elapsed_ns = {1000 * cut[1], 2000 * (cut[2] - cut[1])};
+    split.record(cut, elapsed_ns);
+  }
+  EXPECT_NEAR(split.speed(0) / split.speed(1), 2.0, 0.05);
+  const SplitBalance::Cuts cut = split.cuts(90);
+  EXPECT_EQ(cut[1], 60);  // two thirds to the thread twice as fast
+  EXPECT_EQ(cut[2], 90);
+}
+
+TEST(SplitBalance, ACallWithAnIdleThreadSaysNothingAndSpeedsStayBounded) {
+  SplitBalance split(2);
+  SplitBalance::Cuts no_units{0, 10, 10};  // thread 1 had no units
+  split.record(no_units, std::array<int64_t, 2>{100, 0});
+  EXPECT_EQ(split.speed(0), 1.0);
+  EXPECT_EQ(split.speed(1), 1.0);
+  split.record(SplitBalance::Cuts{0, 5, 10}, std::array<int64_t, 2>{100, 0});  // no time measured
+  EXPECT_EQ(split.speed(1), 1.0);
+  // A thread descheduled for long: its speed falls to the floor, and it keeps units.
+  for (int call = 0; call < 200; ++call) {
+    const SplitBalance::Cuts cut = split.cuts(64);
+    split.record(cut, std::array<int64_t, 2>{100 * cut[1], 1'000'000 * (cut[2] - cut[1])});
+  }
+  EXPECT_GE(split.speed(1), SplitBalance::kMinSpeed);
+  EXPECT_LE(split.speed(0), SplitBalance::kMaxSpeed);
+  EXPECT_LT(split.cuts(64)[1], 64) << "the slow thread keeps some units";
 }
 
 }  // namespace

@@ -47,13 +47,18 @@ constexpr int64_t kQ8PrefetchLines = 32;
 // prefetcher leads were measured too: 0.61-0.74 of this on the same host.
 constexpr int64_t kPanelPrefetchBytes = 2048;
 
-// The block panels' decode tiles fetch each group's stream this far ahead:
-// at least a panel block (q6_K: 3360 bytes), because a tile does not read a
-// block front to back (q6_K reads its qh, bytes 2048-3071, in the block's
-// first quarter). Small Q6_K tg128, three alternating pairs against 2048:
-// 147 / 152 / 135 -> 170 / 172 / 153 tokens/s; Q4_0 and Q4_K_M unchanged
-// within this host's noise (6144 no better, 8192 slower).
-constexpr int64_t kBlockPanelPrefetchBytes = 4096;
+// The block panels' decode tiles fetch each group's stream this far ahead.
+// q6_K: at least a panel block (3360 bytes), because its tile does not read a
+// block front to back (it reads qh, bytes 2048-3071, in the block's first
+// quarter). Small Q6_K tg128, three alternating pairs against 2048: 147 / 152
+// / 135 -> 170 / 172 / 153 tokens/s (6144 no better, 8192 slower). q4_K and
+// the 32-element types read their blocks front to back and stream best 2 KB
+// ahead: one 268 MB q4_K matrix of 1024 columns on 2 threads, cold, three
+// alternating rounds of five, 53.8 / 54.8 / 53.4 GB/s at 4096 bytes against
+// 59.8 / 59.9 / 59.0 at 2048 (1024: 54.1 / 55.5 / 51.8, 3072: 54.1 / 55.5 /
+// 53.6); q4_0 50.5 / 51.4 -> 53.8 / 54.1.
+constexpr int64_t kQ6KPanelPrefetchBytes = 4096;
+constexpr int64_t kBlockPanelPrefetchBytes = 2048;
 
 // A decode tile of R > w_group rows streams R / w_group interleaved groups
 // side by side, and the next tile's groups follow in memory. A stream's
@@ -741,8 +746,8 @@ constexpr GemmPlan kLegacyPlan{4, 6, 8, 32, 126};
 
 // What the block panel tiles share: the activations of their T tokens
 // (blocks and block sums, GemmArgs::xsum), the weights of their G groups,
-// and the fetching of what they stream.
-template <int G, int T>
+// and the fetching of what they stream (a decode tile kAheadBytes ahead).
+template <int G, int T, int64_t kAheadBytes = kBlockPanelPrefetchBytes>
 struct BlockPanelTile {
   const BlockQ8_0Act* x[T];
   const int32_t* xs[T];
@@ -762,13 +767,13 @@ struct BlockPanelTile {
   // Byte `off` of group g's panels.
   const uint8_t* at(int g, int64_t off) const { return w + g * group_bytes + off; }
   // Before a step over bytes [off, off + bytes) of each group's panels: a
-  // decode tile fetches each group's stream kBlockPanelPrefetchBytes ahead
+  // decode tile fetches each group's stream kAheadBytes ahead
   // (see tile_panel); a prompt tile fetches its share of the next panel.
   void fetch(int64_t off, int64_t bytes) {
     if constexpr (T == 1) {
       for (int64_t line = 0; line < bytes; line += 64)
         for (int g = 0; g < G; ++g)
-          prefetch_ahead(at(g, 0), off + line + kBlockPanelPrefetchBytes, group_bytes, (G - 1) * group_bytes);
+          prefetch_ahead(at(g, 0), off + line + kAheadBytes, group_bytes, (G - 1) * group_bytes);
     } else {
       for (int64_t i = 0; i < (bytes * G + 63) / 64 && pf_left > 0; ++i, --pf_left, pf += 64)
         _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
@@ -970,7 +975,7 @@ template <int G, int T>
 inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kPanelRows * kQ6KChunkBytes;
   constexpr int64_t kQuarterBytes = kPanelBytes / 4;
-  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  BlockPanelTile<G, T, kQ6KPanelPrefetchBytes> tile(a, g0, t0, job);
   const auto& x = tile.x;
   const auto& xs = tile.xs;
   __m512 acc[G][T];

@@ -5,10 +5,12 @@
 // result does not depend on the thread count or on the other rows of x.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "kernels/dtype.h"
 #include "kernels/isa.h"
@@ -99,10 +101,37 @@ struct MatmulSplit {
 // of into a parallel region and a barrier of their own.
 using MatmulEpilogue = std::function<void(size_t index, int64_t row_begin, int64_t row_end)>;
 
+// The group a batch-1 decode step multiplies after this one (its weights, in
+// the order of its outputs, and its split). A thread that has finished its
+// share of a group given one fetches the first bytes of each weight stream
+// that its first decode tile there will read: a share that starts cold takes
+// about 1 us longer on the development VM, on every one of a step's ~100
+// matmuls (docs/BENCHMARKS.md, "A thread's next share, fetched ahead").
+struct NextMatmul {
+  std::vector<const WeightMatrix*> weights;
+  MatmulSplit split;
+};
+
+// What thread t of `pool` fetches of its share of `next`: the first bytes
+// of each weight stream its first decode tile there reads, in all about
+// kNextShareFetchBytes.
+struct ByteSpan {
+  const uint8_t* data = nullptr;
+  int64_t bytes = 0;
+};
+constexpr int64_t kNextShareFetchBytes = 32 * 1024;
+constexpr int kMaxDecodeStreams = 8;
+struct NextShareSpans {
+  std::array<ByteSpan, kMaxDecodeStreams> spans{};
+  int n = 0;
+};
+NextShareSpans next_share_spans(const NextMatmul& next, const ThreadPool& pool, int t);
+
 // Computes every output of the group in one parallel region (e.g. Q, K and V
-// together), so small products share one dispatch.
+// together), so small products share one dispatch. `next`, for one token
+// only: the group that follows (see NextMatmul).
 void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool,
-            const MatmulSplit& split = {}, const MatmulEpilogue& epilogue = {});
+            const MatmulSplit& split = {}, const MatmulEpilogue& epilogue = {}, const NextMatmul* next = nullptr);
 
 inline void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, int64_t n_tokens,
                    ThreadPool& pool) {

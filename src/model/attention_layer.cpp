@@ -33,6 +33,12 @@ AttentionWeights load_attention(const gguf::File& f, const std::string& p, const
   return w;
 }
 
+kernels::MatmulSplit qkv_rows_split(const ModelConfig& c, int64_t q_rows, int64_t kv_rows) {
+  kernels::MatmulSplit split{std::lcm(c.head_dim, kernels::kPanelRows)};
+  if (q_rows % split.row_grain != 0 || kv_rows % split.row_grain != 0) split.row_grain = c.head_dim;
+  return split;
+}
+
 void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_layer) {
   const ModelConfig& c = pass.c;
   ForwardWorkspace& ws = pass.ws;
@@ -56,8 +62,7 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
   {
     // QKV threads take whole heads (the epilogue ropes and writes per head),
     // and whole panels where the shapes allow.
-    kernels::MatmulSplit qkv_split{std::lcm(c.head_dim, kernels::kPanelRows)};
-    if ((q1 - q0) % qkv_split.row_grain != 0 || (k1 - k0) % qkv_split.row_grain != 0) qkv_split.row_grain = c.head_dim;
+    const kernels::MatmulSplit qkv_split = qkv_rows_split(c, q1 - q0, k1 - k0);
     const kernels::MatmulOutput qkv[] = {{&w.wq, ws.q.data() + q0, q_dim}, {&w.wk, ws.k.data() + k0, kv_dim},
                                          {&w.wv, ws.v.data() + k0, kv_dim}};
     const int64_t first_row[] = {q0, k0, k0};
@@ -96,9 +101,10 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
       }
     };
     if (!c.gated_attention) {
-      kernels::matmul(qkv, in, n, pass.pool, qkv_split, [&](size_t index, int64_t b, int64_t e) {
-        epilogue(index, first_row[index] + b, first_row[index] + e);
-      });
+      kernels::matmul(
+          qkv, in, n, pass.pool, qkv_split,
+          [&](size_t index, int64_t b, int64_t e) { epilogue(index, first_row[index] + b, first_row[index] + e); },
+          pass.after(w.wq));
     } else {
       // The query and gate rows of whole heads go to ws.q and ws.attn_gate,
       // then the query takes the same norm and RoPE as an ungated one.

@@ -33,6 +33,11 @@ struct AttentionWeights {
 // Loads blk.<layer>.attn_* (`prefix` is "blk.<layer>.").
 AttentionWeights load_attention(const gguf::File& f, const std::string& prefix, const ModelConfig& c);
 
+// How the Q/K/V group's rows are cut across threads (q_rows and kv_rows
+// of them on this rank): whole heads, so that the epilogue ropes and writes
+// per head, and whole panels where the shapes allow.
+kernels::MatmulSplit qkv_rows_split(const ModelConfig& c, int64_t q_rows, int64_t kv_rows);
+
 // Adds the layer's attention output to pass.ws.x, writing its K and V for
 // every row into layer `kv_layer` of pass.kv first. With
 // ModelConfig::gated_attention (qwen3next), Q's rows are each head's query

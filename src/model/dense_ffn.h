@@ -26,4 +26,8 @@ DenseFfnWeights load_dense_ffn(const gguf::File& f, const std::string& prefix, c
 // Adds the layer's feed-forward output to pass.ws.x.
 void run_dense_ffn(ForwardPass& pass, const DenseFfnWeights& w);
 
+// How gate and up are cut across threads: the same rows of each, so that a
+// thread's SwiGLU epilogue has both halves.
+kernels::MatmulSplit gate_up_split();
+
 }  // namespace tandem

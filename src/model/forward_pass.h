@@ -15,6 +15,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kv/kv_pool.h"
+#include "model/decode_order.h"
 #include "model/model_config.h"
 #include "model/op_profile.h"
 #include "model/tensor_parallel.h"
@@ -61,8 +62,15 @@ struct ForwardPass {
   // gather between split matmuls (null: every matrix whole here).
   const TensorShards* tp = nullptr;
   TensorGather* gather = nullptr;
+  // The model's decode order (decode_order.h), or null.
+  const DecodeOrder* order = nullptr;
 
   bool split() const { return tp != nullptr && tp->active(); }
+  // For one row (batch-1 decode): the group the model multiplies after the
+  // one whose first weight is `first`, to fetch ahead; else null.
+  const kernels::NextMatmul* after(const kernels::WeightMatrix& first) const {
+    return n == 1 && order != nullptr ? order->after(&first) : nullptr;
+  }
   // Gathers the split columns of n rows of `buf` (ld apart) onto every rank
   // (root < 0) or `root`; a no-op without tensor parallelism.
   void gather_columns(float* buf, int64_t rows, int64_t ld, const ColumnBounds& bounds, int root = -1);

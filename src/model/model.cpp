@@ -165,6 +165,19 @@ std::unique_ptr<Model> Model::load(std::shared_ptr<const gguf::File> file, const
     m->multiply_adds_per_token_ += layer.per_token(c, matrix_multiply_adds);
   }
   if (options.progress && total > 0) options.progress(total, total);
+  const bool plain_layers = std::all_of(m->layers_.begin(), m->layers_.end(), [](const Layer& layer) {
+    return layer.plan.mixer == MixerKind::kFullAttention && layer.plan.ffn == FfnKind::kDense;
+  });
+  if (plain_layers && !tp.active() && !c.gated_attention) {
+    const kernels::MatmulSplit qkv = qkv_rows_split(c, c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+    for (const Layer& layer : m->layers_) {
+      m->decode_order_.add({&layer.attn.wq, &layer.attn.wk, &layer.attn.wv}, qkv);
+      m->decode_order_.add({&layer.attn.wo}, {});
+      m->decode_order_.add({&layer.ffn.w_gate, &layer.ffn.w_up}, gate_up_split());
+      m->decode_order_.add({&layer.ffn.w_down}, {});
+    }
+    m->decode_order_.add({&m->output_}, {});
+  }
   return m;
 }
 
@@ -306,7 +319,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
     }
   }
 
-  ForwardPass pass{c, n, pool, kv, ws_, profile_, {}, experts_exchange_, &shards_, tensor_gather_};
+  ForwardPass pass{c, n, pool, kv, ws_, profile_, {}, experts_exchange_, &shards_, tensor_gather_, &decode_order_};
   if (pass.prof != nullptr) ++pass.prof->forwards;
   {
     OpTimer timer(pass.prof, Op::kEmbed);
@@ -356,7 +369,10 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   }
   // Split: this rank's block of the vocabulary, gathered to rank 0.
   const int64_t v0 = TensorShards::begin(shards_.vocab_cols, shards_.rank);  // (0 unless split)
-  if (n_out > 0 && output_.rows > 0) kernels::matmul(output_, ws_.logits_in.data(), E, n_out, logits + v0, c.n_vocab, pool);
+  if (n_out > 0 && output_.rows > 0) {
+    const kernels::MatmulOutput out[] = {{&output_, logits + v0, c.n_vocab}};
+    kernels::matmul(out, kernels::MatmulInput{ws_.logits_in.data(), E}, n_out, pool, {}, {}, pass.after(output_));
+  }
   pass.account(Op::kLmHead, {&output_}, n_out);
   pass.gather_columns(logits, n_out, c.n_vocab, shards_.vocab_cols, 0);
 }

@@ -126,6 +126,9 @@ class Model {
   // The gathers of every forward (the same on every rank and every step).
   int n_tensor_gathers() const;
 
+  // The matmul groups of a batch-1 decode step in order (decode_order.h).
+  const DecodeOrder& decode_order() const { return decode_order_; }
+
   // Accumulate per-op times of every forward into `profile` (null: off).
   void set_profile(OpProfile* profile) { profile_ = profile; }
 
@@ -147,6 +150,7 @@ class Model {
   ExpertExchange* experts_exchange_ = nullptr;
   TensorShards shards_;  // size 1: not split
   TensorGather* tensor_gather_ = nullptr;
+  DecodeOrder decode_order_;  // empty unless every layer is attention + dense FFN, whole here
 
   ForwardWorkspace ws_;  // scratch reused across calls (the forward is driven by one thread)
 };
