@@ -44,6 +44,18 @@ void q6_k_values(const BlockQ6_K& b, uint8_t* q) {
   }
 }
 
+void q6_k_set_values(const uint8_t* q, BlockQ6_K& b) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* y = q + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      b.ql[64 * h + l] = static_cast<uint8_t>((y[l] & 0x0F) | ((y[l + 64] & 0x0F) << 4));
+      b.ql[64 * h + l + 32] = static_cast<uint8_t>((y[l + 32] & 0x0F) | ((y[l + 96] & 0x0F) << 4));
+      b.qh[32 * h + l] =
+          static_cast<uint8_t>((y[l] >> 4) | ((y[l + 32] >> 4) << 2) | ((y[l + 64] >> 4) << 4) | ((y[l + 96] >> 4) << 6));
+    }
+  }
+}
+
 void q3_k_scales(const BlockQ3_K& b, int8_t* scales) {
   for (int i = 0; i < 16; ++i) scales[i] = static_cast<int8_t>(q3_k_scale(b, i));
 }
@@ -251,15 +263,7 @@ void quantize_block_q6_k(const float* x, BlockQ6_K& b) {
     for (int l = 0; l < 16; ++l)
       q[16 * j + l] = static_cast<uint8_t>(step != 0 ? std::clamp(nearest(x[16 * j + l] / step), -32, 31) + 32 : 32);
   }
-  for (int h = 0; h < 2; ++h) {
-    const uint8_t* y = q + 128 * h;
-    for (int l = 0; l < 32; ++l) {
-      b.ql[64 * h + l] = static_cast<uint8_t>((y[l] & 0x0F) | ((y[l + 64] & 0x0F) << 4));
-      b.ql[64 * h + l + 32] = static_cast<uint8_t>((y[l + 32] & 0x0F) | ((y[l + 96] & 0x0F) << 4));
-      b.qh[32 * h + l] =
-          static_cast<uint8_t>((y[l] >> 4) | ((y[l + 32] >> 4) << 2) | ((y[l + 64] >> 4) << 4) | ((y[l + 96] >> 4) << 6));
-    }
-  }
+  q6_k_set_values(q, b);
 }
 
 template <typename Block, void (*Quantize)(const float*, Block&)>
@@ -297,14 +301,13 @@ constexpr PanelField kQ4KPanel[] = {
     {kQ4KPanelScales, offsetof(BlockQ4_K, scales), 4, 3},
     {kQ4KPanelQs, offsetof(BlockQ4_K, qs), 4, 32},
 };
+// (q6_K's values are moved by move_q6_k_codes.)
 constexpr PanelField kQ6KPanel[] = {
-    {0, offsetof(BlockQ6_K, ql), 4, 32},
-    {kQ6KPanelQh, offsetof(BlockQ6_K, qh), 4, 16},
     {kQ6KPanelScales, offsetof(BlockQ6_K, scales), 4, 4},
     {kQ6KPanelD, offsetof(BlockQ6_K, d), 2, 1},
 };
 static_assert(kQ4KPanelQs + 64 * 32 == 16 * sizeof(BlockQ4_K));
-static_assert(kQ6KPanelD + 32 == 16 * sizeof(BlockQ6_K));
+static_assert(kQ6KPanelScales == 64 * 3 * 16 && kQ6KPanelD + 32 == 16 * sizeof(BlockQ6_K));
 
 std::span<const PanelField> panel_fields(DType t) {
   TANDEM_ASSERT(has_k_quant_panels(t));
@@ -312,10 +315,41 @@ std::span<const PanelField> panel_fields(DType t) {
   return kQ6KPanel;
 }
 
+// Moves row r's q6_K values between its block and the panel's code vectors
+// (k_quants.h): byte 4r + b of the vectors of half h, column c holds element
+// 4c + b of blocks 4h..4h+3.
+template <bool kPack, typename Panel>
+void move_q6_k_codes(Panel* panel, int r, uint8_t* block) {
+  BlockQ6_K b;
+  std::memcpy(&b, block, sizeof b);
+  uint8_t q[256];
+  if constexpr (kPack) q6_k_values(b, q);
+  for (int h = 0; h < 2; ++h)
+    for (int c = 0; c < 8; ++c)
+      for (int e = 0; e < 4; ++e) {
+        Panel* v = panel + 64 * 3 * (8 * h + c) + 4 * r + e;
+        uint8_t* y = q + 128 * h + 4 * c + e;  // element 4c + e of block 4h; + 32 i: of block 4h + i
+        if constexpr (kPack) {
+          for (int i = 0; i < 3; ++i) v[64 * i] = static_cast<uint8_t>(y[32 * i] | (((y[96] >> (2 * i)) & 3) << 6));
+        } else {
+          y[96] = 0;
+          for (int i = 0; i < 3; ++i) {
+            y[32 * i] = v[64 * i] & 0x3F;
+            y[96] = static_cast<uint8_t>(y[96] | ((v[64 * i] >> 6) << (2 * i)));
+          }
+        }
+      }
+  if constexpr (!kPack) {
+    q6_k_set_values(q, b);
+    std::memcpy(block, &b, sizeof b);
+  }
+}
+
 // Moves row r's block between its plain bytes and a panel block (kPack:
 // plain to panel; otherwise back).
 template <bool kPack, typename Panel>
 void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
+  if (t == DType::kQ6_K) move_q6_k_codes<kPack>(panel, r, block);
   for (const PanelField& f : panel_fields(t)) {
     for (int i = 0; i < f.count; ++i) {
       Panel* at = panel + f.panel_at + 64 * i + f.bytes * r;

@@ -114,6 +114,8 @@ void q4_k_values(const BlockQ4_K& b, uint8_t* q);
 void q5_k_values(const BlockQ5_K& b, uint8_t* q);
 // The 256 values q (0..63, before the - 32) of a q6_K block in element order.
 void q6_k_values(const BlockQ6_K& b, uint8_t* q);
+// The inverse: q (element order) into the block's ql and qh.
+void q6_k_set_values(const uint8_t* q, BlockQ6_K& b);
 // The 256 codes of a q2_K (q 0..3), q3_K (q + 4, 0..7) or iq4_xs (the level
 // index, 0..15) block in element order.
 void q2_k_values(const BlockQ2_K& b, uint8_t* q);
@@ -132,11 +134,16 @@ void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 //  - q4_K: the 16 d, the 16 dmin, 3 vectors of scales, then 32 of qs (the
 //    low nibbles of vector 8i + c are column c, elements 4c..4c+3, of
 //    sub-block 2i, the high ones of 2i + 1);
-//  - q6_K: 32 vectors of ql, 16 of qh, 4 of scales, then the 16 d (the wide
-//    fields first, so that they start on a cache line in every other block).
+//  - q6_K: the 6-bit values of each 128-element half h and column c (elements
+//    4c..4c+3 of the half's four activation blocks 4h + i) in three vectors
+//    A, B, C at 3 (8h + c): the low 6 bits of A, B and C hold blocks 4h,
+//    4h + 1 and 4h + 2, and their top 2 bits block 4h + 3's bits 0-1, 2-3
+//    and 4-5 (the same bytes as ql and qh, in the order the tiles take
+//    them: a code in one instruction, the fourth in six); then 4 vectors of
+//    scales and the 16 d (the codes first, so that they start on a cache
+//    line in every other block).
 constexpr int kQ4KPanelScales = 64;
 constexpr int kQ4KPanelQs = 256;
-constexpr int kQ6KPanelQh = 2048;
 constexpr int kQ6KPanelScales = 3072;
 constexpr int kQ6KPanelD = 3328;
 // Whether type t (a 256-element type) has a panel layout.

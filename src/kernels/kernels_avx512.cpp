@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <type_traits>
+#include <utility>
 #include <cstring>
 #include <vector>
 
@@ -49,8 +51,8 @@ constexpr int64_t kPanelPrefetchBytes = 2048;
 
 // The block panels' decode tiles fetch each group's stream this far ahead.
 // q6_K: at least a panel block (3360 bytes), because its tile does not read a
-// block front to back (it reads qh, bytes 2048-3071, in the block's first
-// quarter). Small Q6_K tg128, three alternating pairs against 2048: 147 / 152
+// block front to back (it reads the scales and d, bytes 3072-3359, in the
+// block's first quarter). Small Q6_K tg128, three alternating pairs against 2048: 147 / 152
 // / 135 -> 170 / 172 / 153 tokens/s (6144 no better, 8192 slower). q4_K and
 // the 32-element types read their blocks front to back and stream best 2 KB
 // ahead: one 268 MB q4_K matrix of 1024 columns on 2 threads, cold, three
@@ -933,24 +935,33 @@ inline int32_t first_half_sum(const BlockQ8_0Act& x) {
   return _mm_cvtsi128_si32(s) + _mm_extract_epi32(s, 2) - 16 * 128;
 }
 
-// q6_K's codes of activation block 4 h + i at column c of a panel block
-// (k_quants.h's element order): the low (i < 2) or high nibbles of ql
-// vector 16 h + 8 (i % 2) + c, and bits 2 i, 2 i + 1 of qh vector 8 h + c as
-// bits 4 and 5. Blocks i and i + 2 share their ql vector; all four their qh.
-inline const uint8_t* q6_k_ql(const uint8_t* panel, int h, int i, int c) { return panel + 64 * (16 * h + 8 * (i % 2) + c); }
-inline const uint8_t* q6_k_qh(const uint8_t* panel, int h, int c) { return panel + kQ6KPanelQh + 64 * (8 * h + c); }
-inline __m512i q6_k_codes(__m512i ql, __m512i qh, int i) {
-  __m512i hi;
-  switch (i) {
-    case 0: hi = _mm512_slli_epi16(qh, 4); break;
-    case 1: hi = _mm512_slli_epi16(qh, 2); break;
-    case 2: hi = qh; break;
-    default: hi = _mm512_srli_epi16(qh, 2); break;
-  }
-  const __m512i lo = i < 2 ? ql : _mm512_srli_epi16(ql, 4);
-  // (lo & 0x0F) | (hi & 0x30): a bitwise select under 0x0F of lo and hi &
-  // 0x30 (that one first: the instruction overwrites it, and it is dead).
-  return _mm512_ternarylogic_epi32(_mm512_and_si512(hi, _mm512_set1_epi8(0x30)), lo, _mm512_set1_epi8(0x0F), 0xD8);
+// f(std::integral_constant<int, i>) for i = 0, ..., N - 1, in that order, each
+// call inlined: GCC leaves a loop of four column steps rolled when its body
+// is large, and then copies every accumulator between registers around each
+// iteration (seen in the Q6_K tiles).
+template <int N, typename F>
+[[gnu::always_inline]] inline void unrolled(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(std::make_integer_sequence<int, N>{});
+}
+
+// q6_K's code vectors of half h, column c of a panel block (k_quants.h).
+inline const uint8_t* q6_k_code_vectors(const uint8_t* panel, int h, int c) { return panel + 64 * 3 * (8 * h + c); }
+
+// Block 4h + 3's codes from the top 2 bits of the half's vectors a, b, c:
+// a >> 6 into bits 0-1, b >> 4 into 2-3, c >> 2 into 4-5. Shifting 16-bit
+// lanes brings the next byte's low bits in above those bits; the two
+// selects and the last mask drop them.
+inline __m512i q6_k_fourth_code(__m512i a, __m512i b, __m512i c) {
+  constexpr int kSelect = 0xE4;  // third operand ? first : second, bitwise
+  const __m512i ab = _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 6), _mm512_srli_epi16(b, 4), _mm512_set1_epi8(0x03), kSelect);
+  const __m512i abc = _mm512_ternarylogic_epi32(ab, _mm512_srli_epi16(c, 2), _mm512_set1_epi8(0x0F), kSelect);
+  return _mm512_and_si512(abc, _mm512_set1_epi8(0x3F));
+}
+
+// Block 4h + i's codes at column c, from the half's code vectors at v.
+inline __m512i q6_k_code(const uint8_t* v, int i) {
+  if (i < 3) return _mm512_and_si512(_mm512_loadu_si512(v + 64 * i), _mm512_set1_epi8(0x3F));
+  return q6_k_fourth_code(_mm512_loadu_si512(v), _mm512_loadu_si512(v + 64), _mm512_loadu_si512(v + 128));
 }
 
 // d * scale 2 k + e of q6_K block k for 16 rows: byte 2 (k % 2) + e of scales
@@ -969,8 +980,10 @@ inline __m512 q6_k_scale(const uint8_t* panel, int k, int e) {
 // dot product of its row's q (0..63) with x, started at -32 times the
 // half's sum(x), then one FMA with (d * sc_{2k+e}) * dx; in the order h
 // (the 128-element half of the block), e, then k = 4 h + i for i = 0, 2,
-// 1, 3, so that a decode tile takes blocks i and i + 2 from the same ql
-// vector. The steps of Q6KPanelRow.
+// 1, 3. The steps of Q6KPanelRow. A decode tile takes the four blocks of
+// a half together, from the same three code vectors per column, two groups
+// at a time (four blocks of four groups would not leave registers for the
+// rest).
 template <int G, int T>
 inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kPanelRows * kQ6KChunkBytes;
@@ -996,30 +1009,34 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
       const __m512 dx = _mm512_set1_ps(x[t][8 * s + k].d);
       acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(q6_k_scale(tile.at(g, off), k, e), dx), acc[g][t]);
     };
+    // (h and e stay a loop: unrolled too, a block's four quarters streamed
+    // 20 % slower from memory, though faster from cache.)
     for (int h = 0; h < 2; ++h) {
       for (int e = 0; e < 2; ++e) {
         tile.fetch(off + (2 * h + e) * kQuarterBytes, kQuarterBytes);
         if constexpr (T == 1) {
-          for (int i = 0; i < 2; ++i) {  // blocks i and i + 2
-            const int k = 4 * h + i;
-            __m512i dot[2][G];
-            for (int g = 0; g < G; ++g) {
-              dot[0][g] = start(k, e, 0);
-              dot[1][g] = start(k + 2, e, 0);
-            }
-            for (int c = 4 * e; c < 4 * e + 4; ++c) {
-              const __m512i x0 = x_column(x[0][8 * s + k], c);
-              const __m512i x1 = x_column(x[0][8 * s + k + 2], c);
-              for (int g = 0; g < G; ++g) {
-                const uint8_t* pb = tile.at(g, off);
-                const __m512i ql = _mm512_loadu_si512(q6_k_ql(pb, h, i, c));
-                const __m512i qh = _mm512_loadu_si512(q6_k_qh(pb, h, c));
-                dot[0][g] = _mm512_dpbusd_epi32(dot[0][g], q6_k_codes(ql, qh, i), x0);
-                dot[1][g] = _mm512_dpbusd_epi32(dot[1][g], q6_k_codes(ql, qh, i + 2), x1);
+          static_assert(G == 1 || G % 2 == 0, "a decode tile takes its groups in pairs");
+          for (int gp = 0; gp < G; gp += 2) {
+            constexpr int kPair = G < 2 ? G : 2;
+            __m512i dot[4][kPair];
+            for (int i = 0; i < 4; ++i)
+              for (int g = 0; g < kPair; ++g) dot[i][g] = start(4 * h + i, e, 0);
+            unrolled<4>([&](auto c_) {
+              const int c = 4 * e + decltype(c_)::value;
+              __m512i xc[4];
+              for (int i = 0; i < 4; ++i) xc[i] = x_column(x[0][8 * s + 4 * h + i], c);
+              for (int g = 0; g < kPair; ++g) {
+                const uint8_t* v = q6_k_code_vectors(tile.at(gp + g, off), h, c);
+                const __m512i va = _mm512_loadu_si512(v), vb = _mm512_loadu_si512(v + 64), vc = _mm512_loadu_si512(v + 128);
+                const __m512i low6 = _mm512_set1_epi8(0x3F);
+                dot[0][g] = _mm512_dpbusd_epi32(dot[0][g], _mm512_and_si512(va, low6), xc[0]);
+                dot[1][g] = _mm512_dpbusd_epi32(dot[1][g], _mm512_and_si512(vb, low6), xc[1]);
+                dot[2][g] = _mm512_dpbusd_epi32(dot[2][g], _mm512_and_si512(vc, low6), xc[2]);
+                dot[3][g] = _mm512_dpbusd_epi32(dot[3][g], q6_k_fourth_code(va, vb, vc), xc[3]);
               }
-            }
-            for (int g = 0; g < G; ++g) add(k, e, g, 0, dot[0][g]);
-            for (int g = 0; g < G; ++g) add(k + 2, e, g, 0, dot[1][g]);
+            });
+            for (int g = 0; g < kPair; ++g)
+              for (int i : {0, 2, 1, 3}) add(4 * h + i, e, gp + g, 0, dot[i][g]);
           }
         } else {
           for (int i : {0, 2, 1, 3}) {
@@ -1027,12 +1044,13 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
             __m512i dot[G][T];
             for (int t = 0; t < T; ++t)
               for (int g = 0; g < G; ++g) dot[g][t] = start(k, e, t);
-            for (int c = 4 * e; c < 4 * e + 4; ++c)
+            unrolled<4>([&](auto c_) {
+              const int c = 4 * e + decltype(c_)::value;
               for (int g = 0; g < G; ++g) {
-                const uint8_t* pb = tile.at(g, off);
-                const __m512i code = q6_k_codes(_mm512_loadu_si512(q6_k_ql(pb, h, i, c)), _mm512_loadu_si512(q6_k_qh(pb, h, c)), i);
+                const __m512i code = q6_k_code(q6_k_code_vectors(tile.at(g, off), h, c), i);
                 for (int t = 0; t < T; ++t) dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], code, x_column(x[t][8 * s + k], c));
               }
+            });
             for (int g = 0; g < G; ++g)
               for (int t = 0; t < T; ++t) add(k, e, g, t, dot[g][t]);
           }
