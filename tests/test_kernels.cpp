@@ -502,8 +502,23 @@ TEST(Kernels, ADecodeMatmulFetchesTheStartOfEachThreadsNextShare) {
     const MatmulOutput with[] = {{&wq, told.data(), 512}};
     const NextMatmul next{{&wk, &wv}, {}};
     matmul(without, in, 1, two);
-    matmul(with, in, 1, two, {}, {}, &next);
+    matmul(with, in, 1, two, {}, {}, {.early = {}, .next = &next});
     EXPECT_EQ(std::memcmp(plain.data(), told.data(), plain.size() * 4), 0);
+  }
+}
+
+TEST(Kernels, DecodeKvHeadsGiveEveryThreadItsOwnHeadsCoveringEachOnce) {
+  for (int n_threads : {1, 2, 3, 5}) {
+    for (auto [b, e] : {std::pair{0, 4}, std::pair{2, 8}, std::pair{0, 1}}) {
+      int next = b;
+      for (int t = 0; t < n_threads; ++t) {
+        const auto [h0, h1] = decode_kv_heads(b, e, t, n_threads);
+        EXPECT_EQ(h0, next) << n_threads << " threads, thread " << t;
+        EXPECT_LE(h0, h1);
+        next = h1;
+      }
+      EXPECT_EQ(next, e);
+    }
   }
 }
 

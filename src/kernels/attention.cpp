@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/isa_kernels.h"
+#include "kernels/kv_layout.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -56,6 +57,14 @@ void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSeque
       }
     }
   }
+  if (sequences.size() == 1 && sequences[0].n_rows == 1) {
+    // One decode row: items are its KV heads in order, each thread's fixed.
+    pool.run([&](int t, int nt) {
+      const auto [h0, h1] = decode_kv_heads(kv_head_begin, kv_head_end, t, nt);
+      for (int h = h0; h < h1; ++h) tile_fn(items[static_cast<size_t>(h - kv_head_begin)].args);
+    });
+    return;
+  }
   std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
   std::atomic<size_t> next{0};
   pool.run([&](int, int) {
@@ -63,6 +72,29 @@ void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSeque
          i = next.fetch_add(1, std::memory_order_relaxed))
       tile_fn(items[i].args);
   });
+}
+
+std::pair<int, int> decode_kv_heads(int kv_head_begin, int kv_head_end, int t, int n_threads) {
+  const int n = kv_head_end - kv_head_begin;
+  return {kv_head_begin + n * t / n_threads, kv_head_begin + n * (t + 1) / n_threads};
+}
+
+void prefetch_decode_kv(const AttentionSequence& seq, const PagedKvLayer& kv, int head_dim, int kv_head_begin,
+                        int kv_head_end, size_t max_bytes) {
+  const KvBlockShape shape{head_dim, kv.block_size};
+  const size_t piece_bytes = dtype_row_bytes(kv.dtype, 1) * static_cast<size_t>(kv_head_elements(shape));
+  const int32_t position = seq.first_position + seq.n_rows - 1;
+  size_t fetched = 0;
+  for (int32_t b = 0; b <= position / kv.block_size && b < seq.n_blocks; ++b) {
+    const uint8_t* block = kv.base + static_cast<size_t>(seq.block_table[b]) * kv.block_bytes;
+    for (int h = kv_head_begin; h < kv_head_end; ++h) {
+      if (fetched + 2 * piece_bytes > max_bytes) return;
+      for (size_t part : {kv.k_offset, kv.v_offset})
+        for (size_t off = 0; off < piece_bytes; off += 64)
+          __builtin_prefetch(block + part + static_cast<size_t>(h) * piece_bytes + off, 0, 2);  // (into L2)
+      fetched += 2 * piece_bytes;
+    }
+  }
 }
 
 }  // namespace tandem::kernels

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "kernels/dtype.h"
 
@@ -47,9 +48,23 @@ constexpr int kAttentionTileRows = 16;
 
 // Attention of every query head over the pool, or (tensor parallelism) only
 // of KV heads [kv_head_begin, kv_head_end) and their query heads, whose
-// columns of `out` alone are written.
+// columns of `out` alone are written. One sequence of one row (a batch-1
+// decode step) has its KV heads cut across threads as decode_kv_heads says,
+// so that each thread can fetch its heads' KV ahead (prefetch_decode_kv);
+// otherwise tiles are handed out longest first.
 void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSequence> sequences,
                      const PagedKvLayer& kv, int n_head, int n_head_kv, int head_dim, float scale, float* out,
                      int64_t ldo, ThreadPool& pool, int kv_head_begin = 0, int kv_head_end = -1);
+
+// The KV heads of [kv_head_begin, kv_head_end) that thread t of n_threads
+// attends in a one-row, one-sequence paged_attention.
+std::pair<int, int> decode_kv_heads(int kv_head_begin, int kv_head_end, int t, int n_threads);
+
+// Fetches into L2 the K and V of KV heads [kv_head_begin, kv_head_end) that a
+// one-row query of `seq` reads (its blocks up to the row's position), up to
+// max_bytes: from another region, so that attention finds them in cache
+// instead of waiting on memory a block at a time.
+void prefetch_decode_kv(const AttentionSequence& seq, const PagedKvLayer& kv, int head_dim, int kv_head_begin,
+                        int kv_head_end, size_t max_bytes);
 
 }  // namespace tandem::kernels

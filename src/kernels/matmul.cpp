@@ -271,7 +271,7 @@ struct ProductsRegion {
   const IsaKernels* isa;
   const MatmulEpilogue* epilogue;  // null when there is none
   bool same_rows;
-  const NextMatmul* next;  // null when there is none
+  const MatmulWarmup* warmup;  // null when there is none
   const ThreadPool* pool;
 
   void product(size_t i, int64_t b, int64_t e) const {
@@ -280,8 +280,9 @@ struct ProductsRegion {
   }
   // Thread t's rows [begin, end) of every output (same_rows), or of their concatenation.
   void operator()(int t, int64_t begin, int64_t end) const {
+    if (warmup != nullptr && warmup->early) warmup->early(t);
     if (begin < end) products(begin, end);
-    if (next != nullptr) fetch_next_share(*next, *pool, t);
+    if (warmup != nullptr && warmup->next != nullptr) fetch_next_share(*warmup->next, *pool, t);
   }
   void products(int64_t begin, int64_t end) const {
     for (size_t i = 0; i < n; ++i)
@@ -302,12 +303,12 @@ struct ProductsRegion {
 
 // Runs products i in [0, n) (weights w[i], arguments args[i]) in one parallel region.
 void run_products(const WeightMatrix* const* w, const GemmArgs* args, size_t n, ThreadPool& pool,
-                  const MatmulSplit& split, const MatmulEpilogue& epilogue, const NextMatmul* next) {
+                  const MatmulSplit& split, const MatmulEpilogue& epilogue, const MatmulWarmup* warmup) {
   TANDEM_ASSERT(split.row_grain > 0);
   if (epilogue && !split.same_rows)
     for (size_t i = 0; i + 1 < n; ++i)
       TANDEM_ASSERT(w[i]->rows % split.row_grain == 0, "an epilogue needs outputs of whole row grains");
-  const ProductsRegion region{w, args, n, &active_kernels(), epilogue ? &epilogue : nullptr, split.same_rows, next, &pool};
+  const ProductsRegion region{w, args, n, &active_kernels(), epilogue ? &epilogue : nullptr, split.same_rows, warmup, &pool};
   int64_t rows = 0;
   if (split.same_rows) {
     rows = w[0]->rows;
@@ -337,7 +338,7 @@ NextShareSpans next_share_spans(const NextMatmul& next, const ThreadPool& pool, 
 }
 
 void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool,
-            const MatmulSplit& split, const MatmulEpilogue& epilogue, const NextMatmul* next) {
+            const MatmulSplit& split, const MatmulEpilogue& epilogue, const MatmulWarmup& warmup) {
   if (outputs.empty() || n_tokens == 0) return;
   TANDEM_ASSERT(outputs.size() <= kMaxOutputs);
   const int64_t k = outputs[0].w->cols;
@@ -355,7 +356,7 @@ void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_
     args[i] = gemm_args(outputs[i], p, n_tokens);
     w[i] = outputs[i].w;
   }
-  run_products(w, args, outputs.size(), pool, split, epilogue, n_tokens == 1 ? next : nullptr);
+  run_products(w, args, outputs.size(), pool, split, epilogue, n_tokens == 1 ? &warmup : nullptr);
 }
 
 void matmul_tasks(std::span<const MatmulTask> tasks, ThreadPool& pool, const MatmulSplit& split,

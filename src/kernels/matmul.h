@@ -127,11 +127,22 @@ struct NextShareSpans {
 };
 NextShareSpans next_share_spans(const NextMatmul& next, const ThreadPool& pool, int t);
 
+// What each thread of a one-token group's region fetches for what comes
+// after the region, besides its own products.
+struct MatmulWarmup {
+  // Called first on every thread (its index), before its products: for data
+  // it reads once the region has ended (a decode step's KV for the heads the
+  // thread attends next), fetched while its weights stream.
+  std::function<void(int thread)> early;
+  // The group that follows (see NextMatmul).
+  const NextMatmul* next = nullptr;
+};
+
 // Computes every output of the group in one parallel region (e.g. Q, K and V
-// together), so small products share one dispatch. `next`, for one token
-// only: the group that follows (see NextMatmul).
+// together), so small products share one dispatch. `warmup` is for one
+// token only (ignored otherwise).
 void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool,
-            const MatmulSplit& split = {}, const MatmulEpilogue& epilogue = {}, const NextMatmul* next = nullptr);
+            const MatmulSplit& split = {}, const MatmulEpilogue& epilogue = {}, const MatmulWarmup& warmup = {});
 
 inline void matmul(std::span<const MatmulOutput> outputs, const float* x, int64_t ldx, int64_t n_tokens,
                    ThreadPool& pool) {

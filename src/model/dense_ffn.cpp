@@ -34,7 +34,7 @@ void run_dense_ffn(ForwardPass& pass, const DenseFfnWeights& w) {
       e += f0;
       for (int64_t t = 0; t < n; ++t) kernels::silu_mul(ws.gate.data() + t * F + b, ws.up.data() + t * F + b, e - b);
     };
-    if (w.w_gate.rows > 0) kernels::matmul(gate_up, in, n, pass.pool, gate_up_split(), swiglu, pass.after(w.w_gate));
+    if (w.w_gate.rows > 0) kernels::matmul(gate_up, in, n, pass.pool, gate_up_split(), swiglu, {.early = {}, .next = pass.after(w.w_gate)});
     pass.account(Op::kGateUp, {&w.w_gate, &w.w_up}, n);
   }
   pass.gather_columns(ws.gate.data(), n, F, pass.split() ? pass.tp->ff_cols : ColumnBounds{});

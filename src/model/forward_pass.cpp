@@ -72,7 +72,7 @@ void ForwardPass::project_to_residual(Op op, const kernels::WeightMatrix& w, con
   }
   const kernels::MatmulOutput out[] = {{&w, ws.proj.data(), c.n_embd}};
   kernels::matmul(out, kernels::MatmulInput{in, w.cols}, n, pool, {},
-                  [&](size_t, int64_t b, int64_t e) { add_residual(b, e); }, after(w));
+                  [&](size_t, int64_t b, int64_t e) { add_residual(b, e); }, {.early = {}, .next = after(w)});
   account(op, {&w}, n);
 }
 

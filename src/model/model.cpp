@@ -371,7 +371,7 @@ void Model::forward(const Batch& batch, KvPool& kv, ThreadPool& pool, float* log
   const int64_t v0 = TensorShards::begin(shards_.vocab_cols, shards_.rank);  // (0 unless split)
   if (n_out > 0 && output_.rows > 0) {
     const kernels::MatmulOutput out[] = {{&output_, logits + v0, c.n_vocab}};
-    kernels::matmul(out, kernels::MatmulInput{ws_.logits_in.data(), E}, n_out, pool, {}, {}, pass.after(output_));
+    kernels::matmul(out, kernels::MatmulInput{ws_.logits_in.data(), E}, n_out, pool, {}, {}, {.early = {}, .next = pass.after(output_)});
   }
   pass.account(Op::kLmHead, {&output_}, n_out);
   pass.gather_columns(logits, n_out, c.n_vocab, shards_.vocab_cols, 0);
