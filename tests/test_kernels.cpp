@@ -342,7 +342,7 @@ TEST(Kernels, PanelGemmMatchesScalarReferenceOnOddShapes) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
     const std::vector<int64_t> cols = t == DType::kBF16 ? std::vector<int64_t>{2, 18, 34, 100} : std::vector<int64_t>{1, 7, 17, 100};
     for (int64_t c : cols) {
-      for (int64_t r : {16, 48, 80, 96, 176}) {  // (176: a decode tile of 8 panels, then single ones)
+      for (int64_t r : {16, 48, 80, 96, 176}) {  // (176: decode tiles of 4 panels, then single ones)
         for (int64_t n : {1, 2, 6, 7, 13}) {
           const Problem p(t, r, c, n, static_cast<uint64_t>(c * 1000 + r * 10 + n));
           const std::vector<float> ref = p.run(Isa::kScalar);
@@ -375,9 +375,8 @@ TEST(Kernels, GemmIsBatchInvariantInEveryVariant) {
         // tiles on both sides of a block boundary and short last tiles (the
         // AVX-512 float plan: 87 + 87 + 82 tokens, 82 = 26 x 3 + 2 x 2).
         // Interleaved: 176 rows, eleven panels of 16 (AVX-512: 4-group
-        // prompt tiles and a 3-group one; in the last range a decode tile of
-        // 8 groups for the float types, two of 4 for the block panels, and
-        // single groups) or 22 chunk groups of 8.
+        // prompt tiles and a 3-group one; in the last range decode tiles of
+        // 4 groups and single groups) or 22 chunk groups of 8.
         const Problem plain(t, interleaved ? 176 : 45, is_k_quant(t) ? 512 : 160, 256, 99);
         const Problem p = interleaved ? plain.interleaved() : plain;
         const std::vector<float> all = p.run(isa);

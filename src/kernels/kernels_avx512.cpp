@@ -41,10 +41,11 @@ constexpr int64_t kPrefetchLines = 8;
 // 10 pairs faster).
 constexpr int64_t kQ8PrefetchLines = 32;
 
-// A float panel's decode tile fetches each of its 8 streams this far ahead
+// A float panel's decode tile fetches each of its streams this far ahead
 // (small F16 tg64, alternating pairs on a host whose bandwidth other tenants
 // were taking: 8 streams 2 KB ahead against 4 streams 512 bytes ahead, median
-// ratio 1.17 for F16 and 1.08 for F32; on the quiet host within noise).
+// ratio 1.17 for F16 and 1.08 for F32; on the quiet host within noise; 4
+// streams 2 KB ahead, kPanelPlan, later beat 8).
 // Panels laid side by side for one sequential stream that the hardware
 // prefetcher leads were measured too: 0.61-0.74 of this on the same host.
 constexpr int64_t kPanelPrefetchBytes = 2048;
@@ -474,11 +475,13 @@ constexpr GemmPlan kQ8_0Plan{4, 6, 8, 32, 126};
 // Panels: prompt tiles of 4 groups x 6 tokens (29 of the 32 registers), over
 // 126-token blocks. On one thread, small F16 x64 gate/up 134-163 -> 175-199
 // GFLOP/s, down 147-167 -> 182-215, against the chunked 8 x 3 tiles (two
-// alternating runs each). Decode tiles of 8 groups: eight memory streams and
-// eight FMA chains (one chain's 4-cycle latency bounds a single stream), more
-// lines in flight than 4 (see kPanelPrefetchBytes). The block panels keep 4,
-// where 8 measured 0.87 on small Q4_K_M.
-constexpr PanelPlan kPanelPlan{4, 6, 8, 128};
+// alternating runs each). Decode tiles of 4 groups, four memory streams each
+// 2 KB ahead, as the block panels: one cold 268 MB F16 matrix on 2 threads
+// streamed 79-84 % of the probe in tiles of 8 groups, 84-99 % in tiles of 4
+// (alternating sets); small tg64 in alternating rounds, 4 against 8: F16
+// 1.05, BF16 1.08, F32 1.01. (Tiles of 8 had measured 1.17 against 4
+// groups fetched 512 bytes ahead, on a contended host.)
+constexpr PanelPlan kPanelPlan{4, 6, 4, 128};
 
 template <typename P, template <int, int> class ChunkTile>
 void gemm_float(const GemmArgs& a, int64_t b, int64_t e) {
