@@ -1006,5 +1006,36 @@ TEST(Kernels, PagedAttentionDecodeRowsMatchPromptTilesBitwise) {
   }
 }
 
+// Attention that also quantizes its output (the output projection's input)
+// writes the blocks and sums that quantizing its f32 output gives, for a
+// prompt and for decode rows, on 1 and 2 threads.
+TEST(Kernels, PagedAttentionQuantizesItsOutputAsTheOutputProjectionWould) {
+  std::vector<int32_t> table = {3, 0, 2, 1};
+  const AttentionProblem pr(8, 2, 64, 16, 53, DType::kF16, table, 5);
+  const int64_t ld = 8 * 64;
+  for (int threads : {1, 2}) {
+    ThreadPool tp(threads);
+    for (auto [first, chunks] : {std::pair{0, std::vector<int>{53}}, std::pair{40, std::vector<int>{1}},
+                                 std::pair{40, std::vector<int>{1, 1}}}) {
+      int count = 0;
+      std::vector<AttentionSequence> seqs;
+      for (int c : chunks) {
+        seqs.push_back({count, c, first + count, table.data(), static_cast<int32_t>(table.size())});
+        count += c;
+      }
+      std::vector<float> out(static_cast<size_t>(count * ld), NAN);
+      std::vector<BlockQ8_0Act> xq(static_cast<size_t>(count * ld / 32));
+      std::vector<int32_t> xsum(xq.size(), -1);
+      const AttentionQ8Out q8{xq.data(), xsum.data(), ld / 32};
+      paged_attention(pr.q.data() + first * ld, ld, seqs, pr.layer(), 8, 2, 64, 0.3f, out.data(), ld, tp, 0, -1, &q8);
+      std::vector<BlockQ8_0Act> want(xq.size());
+      std::vector<int32_t> want_sum(xq.size());
+      quantize_row_q8_0(out.data(), want.data(), count * ld, want_sum.data());
+      EXPECT_EQ(std::memcmp(xq.data(), want.data(), xq.size() * sizeof(BlockQ8_0Act)), 0) << threads << " threads, first " << first;
+      EXPECT_EQ(xsum, want_sum) << threads << " threads, first " << first;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kernels

@@ -6,6 +6,7 @@
 
 #include "kernels/isa_kernels.h"
 #include "kernels/kv_layout.h"
+#include "kernels/ops.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -13,7 +14,7 @@ namespace tandem::kernels {
 
 void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSequence> sequences,
                      const PagedKvLayer& kv, int n_head, int n_head_kv, int head_dim, float scale, float* out,
-                     int64_t ldo, ThreadPool& pool, int kv_head_begin, int kv_head_end) {
+                     int64_t ldo, ThreadPool& pool, int kv_head_begin, int kv_head_end, const AttentionQ8Out* q8_out) {
   TANDEM_ASSERT(n_head_kv > 0 && n_head % n_head_kv == 0);
   TANDEM_ASSERT(is_float_dtype(kv.dtype), "the KV cache is f32, f16 or bf16");
   const AttentionTileFn tile_fn = active_kernels().attention_tile;
@@ -57,11 +58,24 @@ void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSeque
       }
     }
   }
+  // A tile's output columns (its KV head's query heads) of each of its rows, quantized.
+  const int64_t head_cols = int64_t{group} * head_dim;
+  TANDEM_ASSERT(q8_out == nullptr || head_cols % 32 == 0, "quantized attention output needs whole blocks per KV head");
+  auto attend = [&](const AttentionTileArgs& a) {
+    tile_fn(a);
+    if (q8_out == nullptr) return;
+    for (int r = 0; r < a.n_rows; ++r) {
+      const int64_t row = (a.out - out) / ldo + r;
+      const int64_t block = a.kv_head * head_cols / 32;
+      quantize_row_q8_0(a.out + r * ldo + a.kv_head * head_cols, q8_out->xq + row * q8_out->ldq + block, head_cols,
+                        q8_out->xsum + row * q8_out->ldq + block);
+    }
+  };
   if (sequences.size() == 1 && sequences[0].n_rows == 1) {
     // One decode row: items are its KV heads in order, each thread's fixed.
     pool.run([&](int t, int nt) {
       const auto [h0, h1] = decode_kv_heads(kv_head_begin, kv_head_end, t, nt);
-      for (int h = h0; h < h1; ++h) tile_fn(items[static_cast<size_t>(h - kv_head_begin)].args);
+      for (int h = h0; h < h1; ++h) attend(items[static_cast<size_t>(h - kv_head_begin)].args);
     });
     return;
   }
@@ -70,7 +84,7 @@ void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSeque
   pool.run([&](int, int) {
     for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < items.size();
          i = next.fetch_add(1, std::memory_order_relaxed))
-      tile_fn(items[i].args);
+      attend(items[i].args);
   });
 }
 

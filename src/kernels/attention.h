@@ -46,15 +46,29 @@ struct AttentionSequence {
 
 constexpr int kAttentionTileRows = 16;
 
+struct BlockQ8_0Act;
+
+// Where attention also writes its output rows quantized to q8_0 blocks (the
+// input of the output projection's block-type weights), by the thread that
+// computed them instead of by the caller after the region: row r's blocks at
+// xq + r * ldq, their sums at xsum + r * ldq. A KV head's query heads' output
+// columns must be whole blocks (group * head_dim a multiple of 32).
+struct AttentionQ8Out {
+  BlockQ8_0Act* xq = nullptr;
+  int32_t* xsum = nullptr;
+  int64_t ldq = 0;
+};
+
 // Attention of every query head over the pool, or (tensor parallelism) only
 // of KV heads [kv_head_begin, kv_head_end) and their query heads, whose
-// columns of `out` alone are written. One sequence of one row (a batch-1
+// columns of `out` alone are written (and quantized into q8_out when given). One sequence of one row (a batch-1
 // decode step) has its KV heads cut across threads as decode_kv_heads says,
 // so that each thread can fetch its heads' KV ahead (prefetch_decode_kv);
 // otherwise tiles are handed out longest first.
 void paged_attention(const float* q, int64_t ldq, std::span<const AttentionSequence> sequences,
                      const PagedKvLayer& kv, int n_head, int n_head_kv, int head_dim, float scale, float* out,
-                     int64_t ldo, ThreadPool& pool, int kv_head_begin = 0, int kv_head_end = -1);
+                     int64_t ldo, ThreadPool& pool, int kv_head_begin = 0, int kv_head_end = -1,
+                     const AttentionQ8Out* q8_out = nullptr);
 
 // The KV heads of [kv_head_begin, kv_head_end) that thread t of n_threads
 // attends in a one-row, one-sequence paged_attention.

@@ -146,12 +146,16 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
     }
     pass.account(Op::kQkv, {&w.wq, &w.wk, &w.wv}, n);
   }
+  // The attention threads quantize out_proj's input as they write it (but
+  // not when a gate multiplies it afterwards).
+  const bool quantized = !c.gated_attention && group * c.head_dim % 32 == 0 && pass.quantizes_projection_input(w.wo);
   {
     OpTimer timer(pass.prof, Op::kAttention);
     const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const kernels::AttentionQ8Out q8_out{ws.proj_xq.data(), ws.proj_xsum.data(), q_dim / 32};
     kernels::paged_attention(ws.q.data(), q_dim, ws.sequences, kv.layer_view(static_cast<int>(layer)),
                              static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), hd, attn_scale,
-                             ws.attn.data(), q_dim, pass.pool, kv_h0, kv_h1);
+                             ws.attn.data(), q_dim, pass.pool, kv_h0, kv_h1, quantized ? &q8_out : nullptr);
   }
   if (c.gated_attention) {
     OpTimer timer(pass.prof, Op::kAttention);
@@ -163,7 +167,7 @@ void run_attention(ForwardPass& pass, const AttentionWeights& w, int64_t kv_laye
   }
   // Split: every rank needs every head's output for its block of the output projection.
   pass.gather_columns(ws.attn.data(), n, q_dim, pass.split() ? pass.tp->q_cols : ColumnBounds{});
-  pass.project_to_residual(Op::kOutProj, w.wo, ws.attn.data());
+  pass.project_to_residual(Op::kOutProj, w.wo, pass.projection_input(ws.attn.data(), q_dim, quantized));
 }
 
 }  // namespace tandem

@@ -27,7 +27,8 @@ DenseFfnWeights load_dense_ffn(const gguf::File& f, const std::string& prefix, c
 void run_dense_ffn(ForwardPass& pass, const DenseFfnWeights& w);
 
 // How gate and up are cut across threads: the same rows of each, so that a
-// thread's SwiGLU epilogue has both halves.
+// thread's SwiGLU epilogue has both halves, in whole q8_0 blocks of down's
+// input (32 rows).
 kernels::MatmulSplit gate_up_split();
 
 }  // namespace tandem

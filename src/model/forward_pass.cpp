@@ -57,12 +57,24 @@ void ForwardPass::gather_columns(float* buf, int64_t rows, int64_t ld, const Col
   gather->all_gather(buf, rows, ld, bounds, root);
 }
 
-void ForwardPass::project_to_residual(Op op, const kernels::WeightMatrix& w, const float* in) {
+bool ForwardPass::quantizes_projection_input(const kernels::WeightMatrix& w) {
+  if (split() || !kernels::takes_q8_activations(w.type) || w.cols % 32 != 0) return false;
+  ws.proj_xq.resize(static_cast<size_t>(n * w.cols / 32));
+  ws.proj_xsum.resize(ws.proj_xq.size());
+  return true;
+}
+
+kernels::MatmulInput ForwardPass::projection_input(const float* x, int64_t cols, bool quantized) const {
+  if (!quantized) return kernels::MatmulInput{x, cols};
+  return kernels::MatmulInput{x, cols, ws.proj_xq.data(), cols / 32, ws.proj_xsum.data()};
+}
+
+void ForwardPass::project_to_residual(Op op, const kernels::WeightMatrix& w, const kernels::MatmulInput& in) {
   OpTimer timer(prof, op);
   if (split()) {
     const int64_t e0 = TensorShards::begin(tp->embd_cols, tp->rank);
     const kernels::MatmulOutput out[] = {{&w, ws.proj.data() + e0, c.n_embd}};
-    if (w.rows > 0) kernels::matmul(out, kernels::MatmulInput{in, w.cols}, n, pool);
+    if (w.rows > 0) kernels::matmul(out, in, n, pool);
     account(op, {&w}, n);
     gather_columns(ws.proj.data(), n, c.n_embd, tp->embd_cols);
     pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
@@ -71,8 +83,8 @@ void ForwardPass::project_to_residual(Op op, const kernels::WeightMatrix& w, con
     return;
   }
   const kernels::MatmulOutput out[] = {{&w, ws.proj.data(), c.n_embd}};
-  kernels::matmul(out, kernels::MatmulInput{in, w.cols}, n, pool, {},
-                  [&](size_t, int64_t b, int64_t e) { add_residual(b, e); }, {.early = {}, .next = after(w)});
+  kernels::matmul(out, in, n, pool, {}, [&](size_t, int64_t b, int64_t e) { add_residual(b, e); },
+                  {.early = {}, .next = after(w)});
   account(op, {&w}, n);
 }
 

@@ -31,6 +31,10 @@ struct ForwardWorkspace {
   std::vector<kernels::KvSlot> kv_slots;
   std::vector<kernels::BlockQ8_0Act> xq;
   std::vector<int32_t> xsum;  // block sums of xq
+  // The input of a projection back to the model width (out_proj, down),
+  // quantized by the threads that produced it (ForwardPass::projection_input).
+  std::vector<kernels::BlockQ8_0Act> proj_xq;
+  std::vector<int32_t> proj_xsum;
   std::vector<std::pair<int32_t, int32_t>> slot_of_row;  // (block, offset) of each row's position
   // Routed experts (expert_ffn.h): router logits, each row's chosen experts
   // and weights, and the rows gathered per expert with their results.
@@ -85,10 +89,21 @@ struct ForwardPass {
   // The residual add, in the epilogue of a projection back to the model
   // width: rows [b, e) of ws.proj into ws.x, every token.
   void add_residual(int64_t b, int64_t e);
-  // A projection back to the model width (w.cols wide rows at `in`) with the
+  // A projection back to the model width (w.cols wide rows at in.x) with the
   // residual add in its epilogue, timed and counted as `op`. Split: this
   // rank's block of the width, gathered, then the (replicated) residual add.
-  void project_to_residual(Op op, const kernels::WeightMatrix& w, const float* in);
+  void project_to_residual(Op op, const kernels::WeightMatrix& w, const kernels::MatmulInput& in);
+  void project_to_residual(Op op, const kernels::WeightMatrix& w, const float* in) {
+    project_to_residual(op, w, kernels::MatmulInput{in, w.cols});
+  }
+  // Whether the producer of w's input (cols wide) quantizes it into
+  // ws.proj_xq itself, in the region that computes it, so that the
+  // projection does not quantize it on the caller between regions: for
+  // q8_0-activation weights of a model whole on this rank. Sizes the buffers.
+  bool quantizes_projection_input(const kernels::WeightMatrix& w);
+  // The projection's input: the f32 rows at x, and their blocks in ws.proj_xq
+  // when quantizes_projection_input said so.
+  kernels::MatmulInput projection_input(const float* x, int64_t cols, bool quantized) const;
   // Each row's K and V slots in layer `layer` of the pool.
   void kv_slots_of_layer(int64_t layer);
 };
