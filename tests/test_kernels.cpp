@@ -521,6 +521,35 @@ TEST(Kernels, DecodeKvHeadsGiveEveryThreadItsOwnHeadsCoveringEachOnce) {
   }
 }
 
+// A one-token group whose threads normalize its row themselves computes what
+// the group gives on the row normalized and quantized before it.
+TEST(Kernels, AMatmulOfARowEachThreadNormalizesEqualsOneOnTheNormalizedRow) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K, DType::kQ4_0}) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t cols = 512;
+    const Problem a = Problem(t, 96, cols, 1, 7).interleaved(), b = Problem(t, 64, cols, 1, 8).interleaved();
+    const size_t rb = dtype_row_bytes(t, cols);
+    const WeightMatrix wa{t, a.w.data(), a.rows, cols, rb, a.group, a.chunk_bytes};
+    const WeightMatrix wb{t, b.w.data(), b.rows, cols, rb, b.group, b.chunk_bytes};
+    std::vector<float> norm_weight(static_cast<size_t>(cols));
+    for (int64_t i = 0; i < cols; ++i) norm_weight[static_cast<size_t>(i)] = 0.5f + 0.01f * static_cast<float>(i % 37);
+    std::vector<BlockQ8_0Act> xq(static_cast<size_t>(cols / 32));
+    std::vector<int32_t> xsum(xq.size());
+    rms_norm_q8_0(a.x.data(), cols, norm_weight.data(), xq.data(), cols / 32, 1, cols, 1e-5f, xsum.data());
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> ya(96), yb(64), za(96), zb(64);
+      const MatmulOutput before[] = {{&wa, ya.data(), 96}, {&wb, yb.data(), 64}};
+      const MatmulOutput each[] = {{&wa, za.data(), 96}, {&wb, zb.data(), 64}};
+      matmul(before, MatmulInput{nullptr, 0, xq.data(), cols / 32, xsum.data()}, 1, pool);
+      const MatmulRowNorm norm{a.x.data(), norm_weight.data(), 1e-5f};
+      matmul(each, MatmulInput{.x = nullptr, .ldx = 0, .xq = nullptr, .ldxq = 0, .xsum = nullptr, .norm = &norm}, 1, pool);
+      EXPECT_EQ(std::memcmp(ya.data(), za.data(), ya.size() * 4), 0) << threads << " threads";
+      EXPECT_EQ(std::memcmp(yb.data(), zb.data(), yb.size() * 4), 0) << threads << " threads";
+    }
+  }
+}
+
 // Tasks with their own inputs and token counts (the experts of a MoE layer)
 // give, bitwise, what one matmul per task gives, on 1 and 2 threads, with the
 // same_rows split and in the concatenated row space, for every weight type.

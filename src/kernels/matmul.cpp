@@ -273,29 +273,57 @@ struct ProductsRegion {
   bool same_rows;
   const MatmulWarmup* warmup;  // null when there is none
   const ThreadPool* pool;
+  const MatmulRowNorm* norm;  // null when there is none
 
-  void product(size_t i, int64_t b, int64_t e) const {
-    if (args[i].n_tokens > 0) gemm_for(*isa, w[i]->type)(args[i], b, e);
+  // A thread's own blocks of a MatmulRowNorm.
+  struct NormedRow {
+    std::vector<BlockQ8_0Act> xq;
+    std::vector<int32_t> xsum;
+  };
+
+  void product(size_t i, int64_t b, int64_t e, const NormedRow* normed) const {
+    if (args[i].n_tokens > 0) {
+      if (normed == nullptr) {
+        gemm_for(*isa, w[i]->type)(args[i], b, e);
+      } else {
+        GemmArgs a = args[i];
+        a.xq = normed->xq.data();
+        a.xsum = normed->xsum.data();
+        gemm_for(*isa, w[i]->type)(a, b, e);
+      }
+    }
     if (epilogue != nullptr) (*epilogue)(i, b, e);
   }
   // Thread t's rows [begin, end) of every output (same_rows), or of their concatenation.
   void operator()(int t, int64_t begin, int64_t end) const {
     if (warmup != nullptr && warmup->early) warmup->early(t);
-    if (begin < end) products(begin, end);
+    if (begin < end) {
+      if (norm == nullptr) {
+        products(begin, end, nullptr);
+      } else {
+        thread_local NormedRow normed;
+        const int64_t k = w[0]->cols;
+        normed.xq.resize(static_cast<size_t>(k / 32));
+        normed.xsum.resize(normed.xq.size());
+        rms_norm_q8_0(norm->x, k, norm->weight, normed.xq.data(), k / 32, 1, k, norm->eps, normed.xsum.data());
+        products(begin, end, &normed);
+      }
+    }
     if (warmup != nullptr && warmup->next != nullptr) fetch_next_share(*warmup->next, *pool, t);
   }
-  void products(int64_t begin, int64_t end) const {
-    for (size_t i = 0; i < n; ++i)
-      if (i == 0 || args[i].xq != args[i - 1].xq || args[i].x != args[i - 1].x) prefetch_input(args[i]);
+  void products(int64_t begin, int64_t end, const NormedRow* normed) const {
+    if (normed == nullptr)
+      for (size_t i = 0; i < n; ++i)
+        if (i == 0 || args[i].xq != args[i - 1].xq || args[i].x != args[i - 1].x) prefetch_input(args[i]);
     if (same_rows) {
-      for (size_t i = 0; i < n; ++i) product(i, begin, end);
+      for (size_t i = 0; i < n; ++i) product(i, begin, end, normed);
       return;
     }
     int64_t first = 0;
     for (size_t i = 0; i < n; ++i) {
       const int64_t b = std::max(begin, first);
       const int64_t e = std::min(end, first + w[i]->rows);
-      if (b < e) product(i, b - first, e - first);
+      if (b < e) product(i, b - first, e - first, normed);
       first += w[i]->rows;
     }
   }
@@ -303,12 +331,13 @@ struct ProductsRegion {
 
 // Runs products i in [0, n) (weights w[i], arguments args[i]) in one parallel region.
 void run_products(const WeightMatrix* const* w, const GemmArgs* args, size_t n, ThreadPool& pool,
-                  const MatmulSplit& split, const MatmulEpilogue& epilogue, const MatmulWarmup* warmup) {
+                  const MatmulSplit& split, const MatmulEpilogue& epilogue, const MatmulWarmup* warmup,
+                  const MatmulRowNorm* norm = nullptr) {
   TANDEM_ASSERT(split.row_grain > 0);
   if (epilogue && !split.same_rows)
     for (size_t i = 0; i + 1 < n; ++i)
       TANDEM_ASSERT(w[i]->rows % split.row_grain == 0, "an epilogue needs outputs of whole row grains");
-  const ProductsRegion region{w, args, n, &active_kernels(), epilogue ? &epilogue : nullptr, split.same_rows, warmup, &pool};
+  const ProductsRegion region{w, args, n, &active_kernels(), epilogue ? &epilogue : nullptr, split.same_rows, warmup, &pool, norm};
   int64_t rows = 0;
   if (split.same_rows) {
     rows = w[0]->rows;
@@ -347,7 +376,21 @@ void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_
     TANDEM_ASSERT(o.w->cols == k, "a matmul group must share its input width");
     needs.add(*o.w);
   }
-  TANDEM_ASSERT(in.x != nullptr || (in.xq != nullptr && all_take_q8_activations(outputs)), "a matmul group needs its f32 input");
+  TANDEM_ASSERT(in.x != nullptr || in.norm != nullptr || (in.xq != nullptr && all_take_q8_activations(outputs)),
+                "a matmul group needs its f32 input");
+  if (in.norm != nullptr) {
+    TANDEM_ASSERT(n_tokens == 1 && all_take_q8_activations(outputs) && k % 32 == 0,
+                  "a row normalized by every thread is one token of a q8_0-activation group");
+    GemmArgs args[kMaxOutputs];
+    const WeightMatrix* w[kMaxOutputs];
+    const PreparedInput p{nullptr, 0, nullptr, k / 32, nullptr, nullptr, nullptr};  // (each thread's blocks)
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      args[i] = gemm_args(outputs[i], p, n_tokens);
+      w[i] = outputs[i].w;
+    }
+    run_products(w, args, outputs.size(), pool, split, epilogue, &warmup, in.norm);
+    return;
+  }
   thread_local InputScratch scratch;
   const PreparedInput p = prepare_input(in, k, n_tokens, needs, scratch, pool);
   GemmArgs args[kMaxOutputs];

@@ -72,16 +72,29 @@ struct MatmulOutput {
   int64_t ldy;
 };
 
+// An RMSNorm of a one-token group's input row that every thread applies
+// itself at the start of its share, into q8_0 blocks of its own, instead of
+// the caller before the region while the other threads wait: the same blocks
+// (rms_norm_q8_0 of the same row). For groups whose weights all take q8_0
+// activations.
+struct MatmulRowNorm {
+  const float* x = nullptr;  // the row, the group's cols wide
+  const float* weight = nullptr;
+  float eps = 0;
+};
+
 // The input rows of a matmul group: f32 (x, ldx floats apart) and/or already
 // quantized for the block types' weights (xq, ldxq blocks apart, e.g. by
 // rms_norm_q8_0). A group whose weights are all block types needs only xq;
-// otherwise x is required, and xq, when absent, is made from x.
+// otherwise x is required, and xq, when absent, is made from x. Or, for one
+// token, `norm` alone: the row each thread normalizes and quantizes itself.
 struct MatmulInput {
   const float* x = nullptr;
   int64_t ldx = 0;
   const BlockQ8_0Act* xq = nullptr;
   int64_t ldxq = 0;
   const int32_t* xsum = nullptr;  // block sums of xq (ldxq apart), or null: made here when needed
+  const MatmulRowNorm* norm = nullptr;
 };
 
 // How a group's rows are cut across threads.

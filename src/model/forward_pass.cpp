@@ -13,6 +13,11 @@ constexpr int64_t kRowGrain = 16;
 kernels::MatmulInput ForwardPass::norm_rows(const float* weight, std::span<const kernels::MatmulOutput> group) {
   const int64_t E = c.n_embd;
   const float eps = c.rms_eps;
+  if (kernels::all_take_q8_activations(group) && E % 32 == 0 && n == 1) {
+    // One row: every thread of the group normalizes it for itself.
+    ws.row_norm = {ws.x.data(), weight, eps};
+    return kernels::MatmulInput{.x = nullptr, .ldx = 0, .xq = nullptr, .ldxq = 0, .xsum = nullptr, .norm = &ws.row_norm};
+  }
   if (kernels::all_take_q8_activations(group) && E % 32 == 0) {
     OpTimer timer(prof, Op::kNorm);
     // Fused: the normalised rows go straight into Q8_0 activation blocks.

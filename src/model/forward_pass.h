@@ -35,6 +35,7 @@ struct ForwardWorkspace {
   // quantized by the threads that produced it (ForwardPass::projection_input).
   std::vector<kernels::BlockQ8_0Act> proj_xq;
   std::vector<int32_t> proj_xsum;
+  kernels::MatmulRowNorm row_norm;  // a decode row's norm, that each thread applies (norm_rows)
   std::vector<std::pair<int32_t, int32_t>> slot_of_row;  // (block, offset) of each row's position
   // Routed experts (expert_ffn.h): router logits, each row's chosen experts
   // and weights, and the rows gathered per expert with their results.
@@ -80,7 +81,8 @@ struct ForwardPass {
   void gather_columns(float* buf, int64_t rows, int64_t ld, const ColumnBounds& bounds, int root = -1);
 
   // RMSNorm of the residual rows as the input of a matmul group: quantized
-  // directly for an all-Q8_0 group, else f32 rows in ws.xn.
+  // directly for an all-Q8_0 group (one row: by every thread of the group
+  // for itself, kernels::MatmulRowNorm), else f32 rows in ws.xn.
   kernels::MatmulInput norm_rows(const float* weight, std::span<const kernels::MatmulOutput> group);
   // RMSNorm of the residual rows into ws.xn, always f32.
   const float* norm_rows_f32(const float* weight);
