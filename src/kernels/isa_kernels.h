@@ -34,7 +34,7 @@ static_assert(sizeof(BlockQ8_0) == 34);
 // row-major). Each row is cut into chunks of w_chunk_bytes and a group stores
 // chunk 0 of its rows, then chunk 1, ...:
 //  - chunk groups (WeightMatrix::group, matmul.h): 8 rows by 64-byte chunks
-//    (Q8_0: 34-byte blocks), so a decode tile of 8 rows streams one
+//    (the block types: whole blocks), so a decode tile of 8 rows streams one
 //    contiguous range; the arithmetic is that of plain rows;
 //  - panels: 16 rows by single elements (f32, f16) or pairs (bf16), so the
 //    16 rows' values at one k (pair) are one vector. The vector kernels then

@@ -368,7 +368,7 @@ const IsaKernels kAvx2Kernels = {
     gemm_f32,
     gemm_f16,
     gemm_bf16,
-    gemm_q8_0,
+    gemm_q8_0_any_layout<DotLanes, gemm_q8_0>,
     gemm_q4_k<DotLanes>,
     gemm_q6_k,
     gemm_legacy<DotLanes, Q4_0Format>,

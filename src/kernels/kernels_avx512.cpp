@@ -793,7 +793,8 @@ inline __m512i x_column(const BlockQ8_0Act& x, int c) {
   return _mm512_set1_epi32(v);
 }
 
-// The 32-element types' panel tile (panels: legacy_quants.h): G groups of
+// The 32-element types' panel tile (panels: legacy_quants.h; q8_0's too,
+// its values + 128 as the codes): G groups of
 // 16 rows x T tokens. A vector of 16 rows' 4 codes at one column of a block
 // meets the token's 4 activations at that column broadcast (vpdpbusd), so
 // each lane sums its row's exact integer dot product of the block, started
@@ -813,6 +814,7 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
   const int64_t n_blocks = a.k / 32;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i bit4 = _mm512_set1_epi8(0x10);
+  [[maybe_unused]] const __m512i bias128 = _mm512_set1_epi8(static_cast<char>(0x80));
   [[maybe_unused]] const __m512i levels =
       _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlBiasedLevels)));
   for (int64_t b = 0; b < n_blocks; ++b) {
@@ -823,7 +825,14 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
       const __m512i start = _mm512_set1_epi32(-F::kOffset * xs[t][b]);
       for (int g = 0; g < G; ++g) dot[g][t] = start;
     }
-    for (int j = 0; j < 4; ++j) {
+    if constexpr (F::kType == DType::kQ8_0) {
+      for (int j = 0; j < 8; ++j)
+        for (int g = 0; g < G; ++g) {
+          const __m512i codes = _mm512_xor_si512(_mm512_loadu_si512(tile.at(g, off + l.qs + 64 * j)), bias128);
+          for (int t = 0; t < T; ++t) dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], codes, x_column(x[t][b], j));
+        }
+    }
+    for (int j = 0; j < (F::kType == DType::kQ8_0 ? 0 : 4); ++j) {
       for (int g = 0; g < G; ++g) {
         const uint8_t* pb = tile.at(g, off);
         const __m512i packed = _mm512_loadu_si512(pb + l.qs + 64 * j);
@@ -1113,6 +1122,17 @@ void gemm_legacy512(const GemmArgs& a, int64_t b, int64_t e) {
   }
 }
 
+// q8_0 in panels: per block 8 vectors of 16 rows' values against the
+// token's activations broadcast, where the chunk-group tiles spend a
+// conversion, a scale and an FMA per row pair and block.
+void gemm_q8_0_512(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(DType::kQ8_0, a.w_group)) {
+    block_panel_driver<LegacyPanelTile<Q8_0Format>::template Fn>(a, b, e);
+  } else {
+    gemm_q8_0(a, b, e);
+  }
+}
+
 void gemm_q6_k512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ6_K, a.w_group)) {
     block_panel_driver<Q6KPanelTile>(a, b, e);
@@ -1135,7 +1155,7 @@ const IsaKernels kAvx512Kernels = {
     gemm_f32,
     gemm_f16,
     gemm_bf16,
-    gemm_q8_0,
+    gemm_q8_0_512,
     gemm_q4_k512,
     gemm_q6_k512,
     gemm_legacy512<Q4_0Format>,

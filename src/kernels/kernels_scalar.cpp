@@ -43,16 +43,24 @@ void gemm_plain(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   }
 }
 
+// q8_0 in any layout (panels are read back into blocks).
 void gemm_q8_0(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   const int64_t n_blocks = a.k / 32;
+  const bool panel = is_panel_layout(DType::kQ8_0, a.w_group);
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     const BlockQ8_0Act* xb = a.xq + t * a.ldxq;
     for (int64_t r = row_begin; r < row_end; ++r) {
       const uint8_t* row = gemm_row(a, r, kQ8ChunkBytes);
+      const uint8_t* group = gemm_row(a, r / a.w_group * a.w_group, kQ8ChunkBytes);
       float acc = 0.0f;
       for (int64_t b = 0; b < n_blocks; ++b) {
         BlockQ8_0 wb;
-        std::memcpy(&wb, row + b * kQ8ChunkBytes * a.w_group, sizeof wb);
+        if (panel) {
+          unpack_legacy_panel_row(DType::kQ8_0, group + b * kQ8ChunkBytes * a.w_group, static_cast<int>(r % a.w_group),
+                                  reinterpret_cast<uint8_t*>(&wb));
+        } else {
+          std::memcpy(&wb, row + b * kQ8ChunkBytes * a.w_group, sizeof wb);
+        }
         int32_t sum = 0;
         for (int i = 0; i < 32; ++i) sum += static_cast<int32_t>(wb.qs[i]) * xb[b].qs[i];
         acc += static_cast<float>(sum) * (f16_to_f32(wb.d) * xb[b].d);

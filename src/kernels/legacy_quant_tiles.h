@@ -1,5 +1,5 @@
 // The GEMM tiles of the 32-element block types (legacy_quants.h: q4_0, q4_1,
-// q5_0, q5_1, iq4_nl), shared by the AVX2 and AVX-512 variants: included by
+// q5_0, q5_1, iq4_nl; and q8_0's panels), shared by the AVX2 and AVX-512 variants: included by
 // each after k_quant_tiles.h (whose helpers it uses), inside its own
 // anonymous namespace (see gemm_driver.h), with the same DotLanes policy.
 //
@@ -77,6 +77,18 @@ struct IQ4NLFormat {
   static __m256i codes(const uint8_t* b) {
     const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlBiasedLevels));
     return _mm256_shuffle_epi8(_mm256_set_m128i(levels, levels), nibbles32(b + 2));
+  }
+};
+
+// q8_0 in the panel tiles and panel rows: its int8 values + 128 as the
+// codes (its chunk-group tiles are its own, in each variant).
+struct Q8_0Format {
+  static constexpr DType kType = DType::kQ8_0;
+  static constexpr int64_t kBytes = sizeof(BlockQ8_0);
+  static constexpr bool kMin = false;
+  static constexpr int kOffset = 128;
+  static __m256i codes(const uint8_t* b) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), _mm256_set1_epi8(static_cast<char>(0x80)));
   }
 };
 
@@ -159,8 +171,9 @@ struct LegacyPanelRow {
   static void unpack(const uint8_t* panel, int r, uint8_t* block) { unpack_legacy_panel_row(F::kType, panel, r, block); }
   static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
     const __m256i xv = load_x(*x);
-    // (AVX2's u8 x s8 step saturates at codes as large as iq4_nl's: the
-    // signed values, with their sign moved onto x, as tile_legacy does.)
+    // (AVX2's u8 x s8 step saturates at codes as large as iq4_nl's and
+    // q8_0's: the signed values, with their sign moved onto x, as
+    // tile_legacy does.)
     const __m256i q = legacy_values<F>(block);
     const int32_t dot = hsum_epi32(F::kMin ? Dot::lanes(q, xv) : Dot::lanes(_mm256_abs_epi8(q), _mm256_sign_epi8(xv, q)));
     acc = fma1(static_cast<float>(dot), f16_at(block) * x->d, acc);
@@ -171,6 +184,17 @@ struct LegacyPanelRow {
     return acc;
   }
 };
+
+// q8_0 out of AVX-512's panels; a chunk-group layout takes the variant's
+// own q8_0 tiles (ChunkGemm).
+template <typename Dot, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
+void gemm_q8_0_any_layout(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(DType::kQ8_0, a.w_group)) {
+    gemm_panel_rows<LegacyPanelRow<Dot, Q8_0Format>>(a, b, e);
+  } else {
+    ChunkGemm(a, b, e);
+  }
+}
 
 template <typename Dot, typename F>
 void gemm_legacy(const GemmArgs& a, int64_t b, int64_t e) {

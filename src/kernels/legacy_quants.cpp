@@ -15,6 +15,8 @@ bool is_legacy_quant(DType t) {
 
 bool legacy_quant_has_min(DType t) { return t == DType::kQ4_1 || t == DType::kQ5_1; }
 
+bool has_legacy_panels(DType t) { return is_legacy_quant(t) || t == DType::kQ8_0; }
+
 namespace {
 
 float f16_at(const uint8_t* p) {
@@ -26,9 +28,10 @@ float f16_at(const uint8_t* p) {
 // Where a type's fields lie in its block.
 struct Layout {
   int qh = -1;  // offset of the 4 bytes of fifth bits, -1 without
-  int qs = 2;   // offset of the 16 bytes of nibbles
+  int qs = 2;   // offset of the 16 bytes of nibbles (q8_0: of its 32 values)
   int bits = 4;
   int offset = 0;  // subtracted from q (symmetric types)
+  int qs_bytes = 16;
 };
 
 Layout layout(DType t) {
@@ -37,6 +40,7 @@ Layout layout(DType t) {
     case DType::kQ4_1: return {-1, 4, 4, 0};
     case DType::kQ5_0: return {2, 6, 5, 16};
     case DType::kQ5_1: return {4, 8, 5, 0};
+    case DType::kQ8_0: return {-1, 2, 8, 0, 32};
     default: return {-1, 2, 4, 0};  // iq4_nl: nibbles index the levels
   }
 }
@@ -44,7 +48,7 @@ Layout layout(DType t) {
 }  // namespace
 
 LegacyPanelLayout legacy_panel_layout(DType t) {
-  TANDEM_ASSERT(is_legacy_quant(t));
+  TANDEM_ASSERT(has_legacy_panels(t));
   const bool min = legacy_quant_has_min(t);
   const bool fifth = layout(t).qh >= 0;
   LegacyPanelLayout p;
@@ -58,7 +62,7 @@ LegacyPanelLayout legacy_panel_layout(DType t) {
     at += 64;
   }
   p.qs = at;
-  TANDEM_ASSERT(at + 256 == kLegacyPanelRows * static_cast<int>(dtype_block_bytes(t)));
+  TANDEM_ASSERT(at + kLegacyPanelRows * layout(t).qs_bytes == kLegacyPanelRows * static_cast<int>(dtype_block_bytes(t)));
   return p;
 }
 
@@ -79,7 +83,7 @@ void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
   };
   move(p.d + 2 * r, 0, 2);
   if (p.m >= 0) move(p.m + 2 * r, 2, 2);
-  for (int j = 0; j < 4; ++j) move(p.qs + 64 * j + 4 * r, l.qs + 4 * j, 4);
+  for (int j = 0; j < l.qs_bytes / 4; ++j) move(p.qs + 64 * j + 4 * r, l.qs + 4 * j, 4);
   if (p.qh < 0) return;
   Panel* bits = panel + p.qh + 4 * r;
   uint32_t qh = 0;
@@ -99,8 +103,9 @@ void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
 }  // namespace
 
 void pack_legacy_panel(DType t, const uint8_t* const* blocks, uint8_t* panel) {
-  uint8_t block[32];
+  uint8_t block[34];  // (q8_0's, the largest)
   const size_t bytes = dtype_block_bytes(t);
+  TANDEM_ASSERT(bytes <= sizeof block);
   for (int r = 0; r < kLegacyPanelRows; ++r) {
     std::memcpy(block, blocks[r], bytes);
     move_panel_row<true>(t, panel, r, block);

@@ -49,6 +49,8 @@ inline constexpr int8_t kIq4NlLevels[16] = {-127, -104, -83, -65, -49, -35, -22,
 bool is_legacy_quant(DType t);
 // Whether values of t carry a min m (q4_1, q5_1).
 bool legacy_quant_has_min(DType t);
+// Whether t is laid out in the panels below: the types above and q8_0.
+bool has_legacy_panels(DType t);
 
 // One block unpacked: w as above, d and m (0 for the symmetric types) as floats.
 struct LegacyBlock {
@@ -65,13 +67,14 @@ void unpack_legacy_block(DType t, const uint8_t* block, LegacyBlock* out);
 //   fifth bits (5-bit types; byte 4r+i, bit c: element 4c+i of row r), then
 //   4 x 64 bytes of nibbles (vector j, byte 4r+i: row r's qs[4j+i], so its
 //   low nibbles are elements 4j..4j+3 of each row and its high nibbles
-//   elements 16+4j..).
+//   elements 16+4j..). q8_0's panel block is the 16 d, then 8 x 64 bytes
+//   of its int8 values (vector j, byte 4r+i: row r's qs[4j+i]).
 constexpr int kLegacyPanelRows = 16;
 struct LegacyPanelLayout {
   int d = 0;        // offset of the 16 scales
   int m = -1;       // of the 16 mins, -1 without
   int qh = -1;      // of the 64 bytes of fifth bits, -1 without
-  int qs = 32;      // of the 256 bytes of nibbles
+  int qs = 32;      // of the 256 bytes of nibbles (q8_0: 512 bytes of values)
 };
 LegacyPanelLayout legacy_panel_layout(DType t);
 // Packs blocks[0..16) (one block of each row) into one panel block.

@@ -29,8 +29,8 @@ struct BlockQ8_0Act;
 // tiles stream best (see GemmArgs): the block types in groups of 8 rows by
 // whole blocks (q8_0: 34 bytes), which keeps the arithmetic of plain rows;
 // f32, f16 and bf16 in panels of 16 rows by single elements (bf16: pairs),
-// and for the AVX-512 kernels the 32-element block types (q4_0, q4_1, q5_0,
-// q5_1, iq4_nl), q4_K and q6_K in panels of 16 rows by 4-byte columns of each
+// and for the AVX-512 kernels the 32-element block types (q8_0, q4_0, q4_1,
+// q5_0, q5_1, iq4_nl), q4_K and q6_K in panels of 16 rows by 4-byte columns of each
 // block (legacy_quants.h, k_quants.h), whose vector kernels reduce in a different (fixed)
 // order than on plain rows.
 struct WeightMatrix {
