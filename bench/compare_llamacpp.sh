@@ -39,9 +39,10 @@ for model in "$@"; do
   t_tg=$(grep -o '"tg128_tps": [0-9.]*' "$tmp/tandem.jsonl" | awk '{print $2}' | median)
   t_roof=$(grep -o '"roofline_ratio": [0-9.]*' "$tmp/tandem.jsonl" | awk '{print $2}' | median)
   t_paired=$(grep -o '"roofline_paired_ratio": [0-9.]*' "$tmp/tandem.jsonl" | awk '{print $2}' | median)
-  t_b8=$(grep -o '"8": [0-9.]*' "$tmp/tandem.jsonl" | awk '{print $2}' | median || true)
-  t_b32=$(grep -o '"32": [0-9.]*' "$tmp/tandem.jsonl" | awk '{print $2}' | median || true)
-  t_b64=$(grep -o '"64": [0-9.]*' "$tmp/tandem.jsonl" | awk '{print $2}' | median || true)
+  # (a number must follow: batched_limits repeats these keys with objects)
+  t_b8=$(grep -o '"8": [0-9][0-9.]*' "$tmp/tandem.jsonl" | awk '{print $2}' | median || true)
+  t_b32=$(grep -o '"32": [0-9][0-9.]*' "$tmp/tandem.jsonl" | awk '{print $2}' | median || true)
+  t_b64=$(grep -o '"64": [0-9][0-9.]*' "$tmp/tandem.jsonl" | awk '{print $2}' | median || true)
   l_pp=$(grep '"n_prompt": 512' "$tmp/llama.jsonl" | grep -o '"avg_ts": [0-9.]*' | awk '{print $2}' | median)
   l_tg=$(grep '"n_gen": 128' "$tmp/llama.jsonl" | grep -o '"avg_ts": [0-9.]*' | awk '{print $2}' | median)
   printf "| %s | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx | %.0f%% (%.0f%%) | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | %.2fx |\n" \

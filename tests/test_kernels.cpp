@@ -274,7 +274,7 @@ TEST(Kernels, LowBitQuantizersKeepTheRowsErrorSmall) {
 // The interleaved layouts (matmul.h) only move bytes. Chunk groups (the
 // block types in AVX2's layout, the other K types in AVX-512's) give bitwise
 // the products of plain rows in every variant. Panels (f32, f16, bf16; q8_0,
-// the 32-element types, q4_K and q6_K in AVX-512's
+// the 32-element types, q4_K, q5_K and q6_K in AVX-512's
 // layout) do in the scalar reference, whose order is the same for every
 // layout, and agree within the rounding bound in the vector variants, whose
 // panel tiles reduce in one chain over k (or k pairs, or blocks); the block
@@ -287,7 +287,7 @@ TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
       const bool panel = is_panel_layout(t, layout.group);
       EXPECT_EQ(panel, is_float_dtype(t) || (has_block_panels(t) && layout_isa == Isa::kAvx512)) << dtype_name(t);
       EXPECT_EQ(layout.group, panel ? kPanelRows : 8);
-      for (int64_t rows : {16, 48}) {
+      for (int64_t rows : {16, 48, 80}) {  // (80 on panels: a decode tile of 4 groups, then one of 1)
         for (int64_t cols : {32, 96, 256}) {
           if (cols % dtype_block_elements(t) != 0) cols = dtype_block_elements(t) * (cols / 32);
           for (int64_t n : {1, 6, 11}) {

@@ -417,12 +417,12 @@ struct KQuantPanelRow {
   }
 };
 
-// q4_K: per sub-block j, one FMA with (d * sc_j) * dx and one of
+// q4_K and q5_K: per sub-block j, one FMA with (d * sc_j) * dx and one of
 // -(dmin * m_j) with dx * sum(x).
-template <typename Dot>
-struct Q4KPanelRow : KQuantPanelRow<DType::kQ4_K, BlockQ4_K> {
+template <typename Dot, DType kType, typename Block>
+struct Q45KPanelRow : KQuantPanelRow<kType, Block> {
   static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
-    const BlockQ4_K wb = read(block);
+    const Block wb = KQuantPanelRow<kType, Block>::read(block);
     const __m256i ones = _mm256_set1_epi8(1);
     const float d = _cvtsh_ss(wb.d), dmin = _cvtsh_ss(wb.dmin);
     for (int j = 0; j < 8; ++j) {
@@ -432,7 +432,12 @@ struct Q4KPanelRow : KQuantPanelRow<DType::kQ4_K, BlockQ4_K> {
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.qs + 32 * (j / 2)));
       const __m128i v2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.qs + 32 * (j / 2) + 16));
       const __m256i bytes = _mm256_set_m128i(v2, v);
-      const __m256i codes = _mm256_and_si256(j % 2 == 0 ? bytes : _mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(0x0F));
+      __m256i codes = _mm256_and_si256(j % 2 == 0 ? bytes : _mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(0x0F));
+      if constexpr (kType == DType::kQ5_K) {  // bit 4 from bit j of qh (as Q5KUnpack)
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qh));
+        const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), ones);
+        codes = _mm256_or_si256(codes, _mm256_slli_epi16(bit, 4));
+      }
       const int32_t dot = hsum_epi32(Dot::lanes(codes, xv));
       const int32_t xsum = hsum_epi32(Dot::lanes(ones, xv));
       acc = fma1(static_cast<float>(dot), (d * static_cast<float>(sc)) * x[j].d, acc);
@@ -441,6 +446,11 @@ struct Q4KPanelRow : KQuantPanelRow<DType::kQ4_K, BlockQ4_K> {
     return acc;
   }
 };
+
+template <typename Dot>
+using Q4KPanelRow = Q45KPanelRow<Dot, DType::kQ4_K, BlockQ4_K>;
+template <typename Dot>
+using Q5KPanelRow = Q45KPanelRow<Dot, DType::kQ5_K, BlockQ5_K>;
 
 // q6_K: per 16-element half e of activation block k the exact integer sum
 // of (q - 32) * x, then one FMA with (d * sc_{2k+e}) * dx, in the order h
@@ -479,7 +489,11 @@ void gemm_q4_k(const GemmArgs& a, int64_t b, int64_t e) {
 }
 template <typename Dot>
 void gemm_q5_k(const GemmArgs& a, int64_t b, int64_t e) {
-  gemm_driver<Q45KTile<Dot, Q5KUnpack>::template Fn, kKQuantPlan>(a, b, e);
+  if (is_panel_layout(DType::kQ5_K, a.w_group)) {
+    gemm_panel_rows<Q5KPanelRow<Dot>>(a, b, e);
+  } else {
+    gemm_driver<Q45KTile<Dot, Q5KUnpack>::template Fn, kKQuantPlan>(a, b, e);
+  }
 }
 template <typename Dot>
 void gemm_iq4_xs(const GemmArgs& a, int64_t b, int64_t e) {

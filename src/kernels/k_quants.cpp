@@ -301,17 +301,27 @@ constexpr PanelField kQ4KPanel[] = {
     {kQ4KPanelScales, offsetof(BlockQ4_K, scales), 4, 3},
     {kQ4KPanelQs, offsetof(BlockQ4_K, qs), 4, 32},
 };
+constexpr PanelField kQ5KPanel[] = {
+    {0, offsetof(BlockQ5_K, d), 2, 1},
+    {32, offsetof(BlockQ5_K, dmin), 2, 1},
+    {kQ4KPanelScales, offsetof(BlockQ5_K, scales), 4, 3},
+    {kQ5KPanelQh, offsetof(BlockQ5_K, qh), 4, 8},
+    {kQ5KPanelQs, offsetof(BlockQ5_K, qs), 4, 32},
+};
 // (q6_K's values are moved by move_q6_k_codes.)
 constexpr PanelField kQ6KPanel[] = {
     {kQ6KPanelScales, offsetof(BlockQ6_K, scales), 4, 4},
     {kQ6KPanelD, offsetof(BlockQ6_K, d), 2, 1},
 };
 static_assert(kQ4KPanelQs + 64 * 32 == 16 * sizeof(BlockQ4_K));
+static_assert(kQ5KPanelQh == kQ4KPanelQs && kQ5KPanelQs == kQ5KPanelQh + 64 * 8 &&
+              kQ5KPanelQs + 64 * 32 == 16 * sizeof(BlockQ5_K));
 static_assert(kQ6KPanelScales == 64 * 3 * 16 && kQ6KPanelD + 32 == 16 * sizeof(BlockQ6_K));
 
 std::span<const PanelField> panel_fields(DType t) {
   TANDEM_ASSERT(has_k_quant_panels(t));
   if (t == DType::kQ4_K) return kQ4KPanel;
+  if (t == DType::kQ5_K) return kQ5KPanel;
   return kQ6KPanel;
 }
 
@@ -365,7 +375,7 @@ void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
 
 }  // namespace
 
-bool has_k_quant_panels(DType t) { return t == DType::kQ4_K || t == DType::kQ6_K; }
+bool has_k_quant_panels(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K; }
 
 void pack_k_quant_panel(DType t, const uint8_t* const* blocks, uint8_t* panel) {
   uint8_t block[sizeof(BlockQ6_K)];

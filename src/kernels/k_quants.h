@@ -126,7 +126,7 @@ void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 // for q4_K and q5_K, the min) that spans its values, then the block's scales quantized
 // against the largest. Not llama.cpp's search for the least squared error:
 // files tandem writes are valid GGUF of these types, a little less accurate.
-// The panel layouts of q4_K and q6_K (matmul.h: 16 rows interleaved, for
+// The panel layouts of q4_K, q5_K and q6_K (matmul.h: 16 rows interleaved, for
 // the AVX-512 tiles). A group of 16 rows stores each 256-element block index
 // as one panel block of the 16 rows' blocks, the same bytes rearranged in
 // vectors of 64 bytes: vector v of a field holds, at bytes 4r..4r+3 (2r,
@@ -134,6 +134,9 @@ void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 //  - q4_K: the 16 d, the 16 dmin, 3 vectors of scales, then 32 of qs (the
 //    low nibbles of vector 8i + c are column c, elements 4c..4c+3, of
 //    sub-block 2i, the high ones of 2i + 1);
+//  - q5_K: as q4_K, with 8 vectors of qh between the scales and qs (bit j
+//    of byte 4r + i of vector c: bit 4 of row r's element 4c + i of
+//    sub-block j);
 //  - q6_K: the 6-bit values of each 128-element half h and column c (elements
 //    4c..4c+3 of the half's four activation blocks 4h + i) in three vectors
 //    A, B, C at 3 (8h + c): the low 6 bits of A, B and C hold blocks 4h,
@@ -144,6 +147,8 @@ void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 //    line in every other block).
 constexpr int kQ4KPanelScales = 64;
 constexpr int kQ4KPanelQs = 256;
+constexpr int kQ5KPanelQh = 256;
+constexpr int kQ5KPanelQs = 768;
 constexpr int kQ6KPanelScales = 3072;
 constexpr int kQ6KPanelD = 3328;
 // Whether type t (a 256-element type) has a panel layout.

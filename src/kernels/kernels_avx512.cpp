@@ -869,13 +869,16 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
   store_panel_tile(a, g0, t0, job, acc);
 }
 
-// q4_K's panel tile (panels: k_quants.h): G groups of 16 rows x T tokens,
-// as the 32-element types' (tile_legacy_panel), per sub-block j of 32: each
-// lane's exact integer dot product, then one FMA with (d * sc_j) * dx and
-// one of -(dmin * m_j) with dx * sum(x), the steps of Q4KPanelRow.
-template <int G, int T>
-inline void tile_q4_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
-  constexpr int64_t kPanelBytes = kPanelRows * kQ4KChunkBytes;
+// q4_K's and q5_K's panel tile (panels: k_quants.h): G groups of 16 rows x
+// T tokens, as the 32-element types' (tile_legacy_panel), per sub-block j
+// of 32: each lane's exact integer dot product, then one FMA with (d *
+// sc_j) * dx and one of -(dmin * m_j) with dx * sum(x), the steps of
+// Q45KPanelRow. q5_K's fifth bits come from its qh vector of the column.
+template <DType kType, int G, int T>
+inline void tile_q45_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr bool kQ5 = kType == DType::kQ5_K;
+  constexpr int64_t kPanelBytes = kPanelRows * (kQ5 ? kQ5KChunkBytes : kQ4KChunkBytes);
+  constexpr int64_t kQs = kQ5 ? kQ5KPanelQs : kQ4KPanelQs;
   constexpr int64_t kSubBlockBytes = kPanelBytes / 8;
   BlockPanelTile<G, T> tile(a, g0, t0, job);
   const auto& x = tile.x;
@@ -920,8 +923,15 @@ inline void tile_q4_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
         for (int t = 0; t < T; ++t) dot[g][t] = _mm512_setzero_si512();
       for (int c = 0; c < 8; ++c) {
         for (int g = 0; g < G; ++g) {
-          const __m512i packed = _mm512_loadu_si512(tile.at(g, off + kQ4KPanelQs + 64 * (8 * (j / 2) + c)));
-          const __m512i codes = _mm512_and_si512(j % 2 == 0 ? packed : _mm512_srli_epi16(packed, 4), low4);
+          const __m512i packed = _mm512_loadu_si512(tile.at(g, off + kQs + 64 * (8 * (j / 2) + c)));
+          __m512i codes = _mm512_and_si512(j % 2 == 0 ? packed : _mm512_srli_epi16(packed, 4), low4);
+          if constexpr (kQ5) {
+            // Bit j of each byte to bit 4 (16-bit shifts: what crosses a
+            // byte is masked off), or'ed into the nibble.
+            const __m512i qh = _mm512_loadu_si512(tile.at(g, off + kQ5KPanelQh + 64 * c));
+            const __m512i fifth = j <= 4 ? _mm512_slli_epi16(qh, 4 - j) : _mm512_srli_epi16(qh, j - 4);
+            codes = _mm512_ternarylogic_epi32(codes, fifth, _mm512_set1_epi8(0x10), 0xF8);  // codes | (fifth & 0x10)
+          }
           for (int t = 0; t < T; ++t) dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], codes, x_column(x[t][8 * s + j], c));
         }
       }
@@ -1073,9 +1083,14 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
   store_panel_tile(a, g0, t0, job, acc);
 }
 
-template <int G, int T>
-struct Q4KPanelTile {
-  static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_q4_k_panel<G, T>(a, g, t, job); }
+template <DType kType>
+struct Q45KPanelTile {
+  template <int G, int T>
+  struct Fn {
+    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) {
+      tile_q45_k_panel<kType, G, T>(a, g, t, job);
+    }
+  };
 };
 
 template <int G, int T>
@@ -1141,9 +1156,17 @@ void gemm_q6_k512(const GemmArgs& a, int64_t b, int64_t e) {
   }
 }
 
+void gemm_q5_k512(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(DType::kQ5_K, a.w_group)) {
+    block_panel_driver<Q45KPanelTile<DType::kQ5_K>::Fn>(a, b, e);
+  } else {
+    gemm_q5_k<DotLanes>(a, b, e);
+  }
+}
+
 void gemm_q4_k512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ4_K, a.w_group)) {
-    block_panel_driver<Q4KPanelTile>(a, b, e);
+    block_panel_driver<Q45KPanelTile<DType::kQ4_K>::Fn>(a, b, e);
   } else {
     gemm_q4_k<DotLanes>(a, b, e);
   }
@@ -1163,7 +1186,7 @@ const IsaKernels kAvx512Kernels = {
     gemm_legacy512<Q5_0Format>,
     gemm_legacy512<Q5_1Format>,
     gemm_legacy512<IQ4NLFormat>,
-    gemm_q5_k<DotLanes>,
+    gemm_q5_k512,
     gemm_q16_k<Q2KUnpack>,
     gemm_q16_k<Q3KUnpack>,
     gemm_iq4_xs<DotLanes>,
