@@ -50,18 +50,16 @@ constexpr int64_t kQ8PrefetchLines = 32;
 // prefetcher leads were measured too: 0.61-0.74 of this on the same host.
 constexpr int64_t kPanelPrefetchBytes = 2048;
 
-// The block panels' decode tiles fetch each group's stream this far ahead.
-// q6_K: at least a panel block (3360 bytes), because its tile does not read a
-// block front to back (it reads the scales and d, bytes 3072-3359, in the
-// block's first quarter). Small Q6_K tg128, three alternating pairs against 2048: 147 / 152
-// / 135 -> 170 / 172 / 153 tokens/s (6144 no better, 8192 slower). q4_K and
-// the 32-element types read their blocks front to back and stream best 2 KB
-// ahead: one 268 MB q4_K matrix of 1024 columns on 2 threads, cold, three
-// alternating rounds of five, 53.8 / 54.8 / 53.4 GB/s at 4096 bytes against
-// 59.8 / 59.9 / 59.0 at 2048 (1024: 54.1 / 55.5 / 51.8, 3072: 54.1 / 55.5 /
-// 53.6); q4_0 50.5 / 51.4 -> 53.8 / 54.1.
-constexpr int64_t kQ6KPanelPrefetchBytes = 4096;
-constexpr int64_t kBlockPanelPrefetchBytes = 2048;
+// The block panels' decode tiles of one group (one stream per thread)
+// fetch it this far ahead; tiles of several (q8_0's four) fetch each
+// kBlockPanelStreamPrefetchBytes ahead. A stream of cold matmuls of 1024 columns on 2 threads,
+// 10 alternating rounds, against 4096 bytes: 1024 rows, q4_0 1.033, q8_0
+// 0.982, q4_K 1.041, q5_K 1.087, q6_K 1.068 (8192: 1.025, 1.000, 1.028,
+// 1.059, 1.034); 2816 rows at 8192: 0.966-1.090 against 4096. (With four
+// streams a thread the distance was 2 KB, 4 KB for q6_K, whose tile reads
+// a block's scales in its first quarter.)
+constexpr int64_t kBlockPanelPrefetchBytes = 6144;
+constexpr int64_t kBlockPanelStreamPrefetchBytes = 2048;
 
 // A decode tile of R > w_group rows streams R / w_group interleaved groups
 // side by side, and the next tile's groups follow in memory. A stream's
@@ -751,8 +749,8 @@ constexpr GemmPlan kLegacyPlan{4, 6, 8, 32, 126};
 
 // What the block panel tiles share: the activations of their T tokens
 // (blocks and block sums, GemmArgs::xsum), the weights of their G groups,
-// and the fetching of what they stream (a decode tile kAheadBytes ahead).
-template <int G, int T, int64_t kAheadBytes = kBlockPanelPrefetchBytes>
+// and the fetching of what they stream (a decode tile kBlockPanelPrefetchBytes ahead).
+template <int G, int T>
 struct BlockPanelTile {
   const BlockQ8_0Act* x[T];
   const int32_t* xs[T];
@@ -772,13 +770,13 @@ struct BlockPanelTile {
   // Byte `off` of group g's panels.
   const uint8_t* at(int g, int64_t off) const { return w + g * group_bytes + off; }
   // Before a step over bytes [off, off + bytes) of each group's panels: a
-  // decode tile fetches each group's stream kAheadBytes ahead
+  // decode tile fetches each group's stream kBlockPanelPrefetchBytes ahead
   // (see tile_panel); a prompt tile fetches its share of the next panel.
   void fetch(int64_t off, int64_t bytes) {
     if constexpr (T == 1) {
+      constexpr int64_t kAhead = G == 1 ? kBlockPanelPrefetchBytes : kBlockPanelStreamPrefetchBytes;
       for (int64_t line = 0; line < bytes; line += 64)
-        for (int g = 0; g < G; ++g)
-          prefetch_ahead(at(g, 0), off + line + kAheadBytes, group_bytes, (G - 1) * group_bytes);
+        for (int g = 0; g < G; ++g) prefetch_ahead(at(g, 0), off + line + kAhead, group_bytes, (G - 1) * group_bytes);
     } else {
       for (int64_t i = 0; i < (bytes * G + 63) / 64 && pf_left > 0; ++i, --pf_left, pf += 64)
         _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
@@ -1010,7 +1008,7 @@ template <int G, int T>
 inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kPanelRows * kQ6KChunkBytes;
   constexpr int64_t kQuarterBytes = kPanelBytes / 4;
-  BlockPanelTile<G, T, kQ6KPanelPrefetchBytes> tile(a, g0, t0, job);
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
   const auto& x = tile.x;
   const auto& xs = tile.xs;
   __m512 acc[G][T];
@@ -1109,15 +1107,26 @@ struct LegacyPanelTile {
 };
 
 // Block panels: prompt tiles of 1 group x 8 tokens (8 int32 and 8 float
-// accumulators), decode tiles of 4 groups (four streams).
-constexpr PanelPlan kBlockPanelPlan{1, 8, 4, 128};
+// accumulators); decode tiles of 1 group, so that a thread reads its share
+// front to back as one stream, which the hardware prefetcher follows (the
+// groups lie one after another). Against tiles of 4 groups (four streams a
+// thread, 2 KB ahead each), a stream of cold matmuls of 1024 columns on 2
+// threads, 10 alternating rounds on a host whose other tenants held part
+// of the bandwidth: 1024 rows (one stream 4 KB ahead), q4_0 1.22, q4_K
+// 1.49, q5_K 1.78, q6_K 1.66, q8_0 0.89; 2816 rows (2 KB ahead), q4_0
+// 1.25, q8_0 1.07, q4_K 1.58, q5_K 1.56, q6_K 1.89. In the small models'
+// decode (bench/decode_ab.py, 4-5 rounds): Q4_K_M 1.305, Q4_0 1.086, Q6_K
+// 1.209, Q5_K_M 1.019, but Q8_0 0.821 (0.907 without software prefetch),
+// so q8_0 keeps tiles of 4 groups (block_panel_decode_groups).
+template <DType kType>
+constexpr PanelPlan kBlockPanelPlan{1, 8, block_panel_decode_groups(kType), 128};
 
-// Block panels with the activations' block sums (made here when the caller
-// gave none).
-template <template <int, int> class Tile>
+// Block panels of type kType with the activations' block sums (made here
+// when the caller gave none).
+template <template <int, int> class Tile, DType kType>
 void block_panel_driver(const GemmArgs& a, int64_t b, int64_t e) {
   if (a.xsum != nullptr) {
-    panel_driver<Tile, kBlockPanelPlan>(a, b, e);
+    panel_driver<Tile, kBlockPanelPlan<kType>>(a, b, e);
     return;
   }
   thread_local std::vector<int32_t> sums;
@@ -1125,13 +1134,13 @@ void block_panel_driver(const GemmArgs& a, int64_t b, int64_t e) {
   sum_q8_blocks(a.xq, a.ldxq, a.n_tokens, a.k / 32, sums.data());
   GemmArgs with_sums = a;
   with_sums.xsum = sums.data();
-  panel_driver<Tile, kBlockPanelPlan>(with_sums, b, e);
+  panel_driver<Tile, kBlockPanelPlan<kType>>(with_sums, b, e);
 }
 
 template <typename F>
 void gemm_legacy512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(F::kType, a.w_group)) {
-    block_panel_driver<LegacyPanelTile<F>::template Fn>(a, b, e);
+    block_panel_driver<LegacyPanelTile<F>::template Fn, F::kType>(a, b, e);
   } else {
     gemm_driver<LegacyTile512<F>::template Fn, kLegacyPlan>(a, b, e);
   }
@@ -1142,7 +1151,7 @@ void gemm_legacy512(const GemmArgs& a, int64_t b, int64_t e) {
 // conversion, a scale and an FMA per row pair and block.
 void gemm_q8_0_512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ8_0, a.w_group)) {
-    block_panel_driver<LegacyPanelTile<Q8_0Format>::template Fn>(a, b, e);
+    block_panel_driver<LegacyPanelTile<Q8_0Format>::template Fn, DType::kQ8_0>(a, b, e);
   } else {
     gemm_q8_0(a, b, e);
   }
@@ -1150,7 +1159,7 @@ void gemm_q8_0_512(const GemmArgs& a, int64_t b, int64_t e) {
 
 void gemm_q6_k512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ6_K, a.w_group)) {
-    block_panel_driver<Q6KPanelTile>(a, b, e);
+    block_panel_driver<Q6KPanelTile, DType::kQ6_K>(a, b, e);
   } else {
     gemm_q16_k<Q6KUnpack>(a, b, e);
   }
@@ -1158,7 +1167,7 @@ void gemm_q6_k512(const GemmArgs& a, int64_t b, int64_t e) {
 
 void gemm_q5_k512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ5_K, a.w_group)) {
-    block_panel_driver<Q45KPanelTile<DType::kQ5_K>::Fn>(a, b, e);
+    block_panel_driver<Q45KPanelTile<DType::kQ5_K>::Fn, DType::kQ5_K>(a, b, e);
   } else {
     gemm_q5_k<DotLanes>(a, b, e);
   }
@@ -1166,7 +1175,7 @@ void gemm_q5_k512(const GemmArgs& a, int64_t b, int64_t e) {
 
 void gemm_q4_k512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ4_K, a.w_group)) {
-    block_panel_driver<Q45KPanelTile<DType::kQ4_K>::Fn>(a, b, e);
+    block_panel_driver<Q45KPanelTile<DType::kQ4_K>::Fn, DType::kQ4_K>(a, b, e);
   } else {
     gemm_q4_k<DotLanes>(a, b, e);
   }

@@ -232,7 +232,7 @@ void prefetch_input(const GemmArgs& a) {
 // groups of its panels or chunk groups, or its rows): the AVX-512 tiles'
 // figures, near enough for the other variants, as only fetching ahead uses it.
 int64_t decode_streams(const WeightMatrix& w) {
-  if (is_panel_layout(w.type, w.group)) return 4;
+  if (is_panel_layout(w.type, w.group)) return has_block_panels(w.type) ? block_panel_decode_groups(w.type) : 4;
   return w.group > 1 ? 2 : kMaxDecodeStreams;
 }
 
