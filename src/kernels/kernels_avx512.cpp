@@ -803,7 +803,7 @@ inline __m512i x_column(const BlockQ8_0Act& x, int c) {
 template <typename F, int G, int T>
 inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kLegacyPanelRows * F::kBytes;
-  const LegacyPanelLayout l = legacy_panel_layout(F::kType);
+  constexpr LegacyPanelLayout l = legacy_panel_layout(F::kType);
   BlockPanelTile<G, T> tile(a, g0, t0, job);
   const auto& x = tile.x;
   const auto& xs = tile.xs;
@@ -836,7 +836,7 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
         const __m512i packed = _mm512_loadu_si512(pb + l.qs + 64 * j);
         __m512i lo = _mm512_and_si512(packed, low4);
         __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
-        if (l.qh >= 0) {
+        if constexpr (l.qh >= 0) {
           const __m512i fifth = _mm512_loadu_si512(pb + l.qh);
           lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(fifth, 4 - j), bit4));
           hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(fifth, j), bit4));

@@ -47,24 +47,19 @@ Layout layout(DType t) {
 
 }  // namespace
 
-LegacyPanelLayout legacy_panel_layout(DType t) {
-  TANDEM_ASSERT(has_legacy_panels(t));
-  const bool min = legacy_quant_has_min(t);
-  const bool fifth = layout(t).qh >= 0;
-  LegacyPanelLayout p;
-  int at = 32;
-  if (min) {
-    p.m = at;
-    at += 32;
+// The panel block is the type's 16 blocks, rearranged at the same size.
+static_assert([] {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL, DType::kQ8_0}) {
+    const int values = t == DType::kQ8_0 ? 512 : 256;
+    const size_t block = t == DType::kQ8_0   ? 2 + 32  // (q8_0: d and its 32 values)
+                         : t == DType::kQ4_1 ? sizeof(BlockQ4_1)
+                         : t == DType::kQ5_0 ? sizeof(BlockQ5_0)
+                         : t == DType::kQ5_1 ? sizeof(BlockQ5_1)
+                                             : sizeof(BlockQ4_0);  // (iq4_nl's is the same size)
+    if (static_cast<size_t>(legacy_panel_layout(t).qs + values) != kLegacyPanelRows * block) return false;
   }
-  if (fifth) {
-    p.qh = at;
-    at += 64;
-  }
-  p.qs = at;
-  TANDEM_ASSERT(at + kLegacyPanelRows * layout(t).qs_bytes == kLegacyPanelRows * static_cast<int>(dtype_block_bytes(t)));
-  return p;
-}
+  return true;
+}());
 
 namespace {
 
@@ -72,6 +67,7 @@ namespace {
 // plain to panel; otherwise back).
 template <bool kPack, typename Panel>
 void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
+  TANDEM_ASSERT(has_legacy_panels(t));
   const Layout l = layout(t);
   const LegacyPanelLayout p = legacy_panel_layout(t);
   auto move = [&](int panel_at, int block_at, int n) {
