@@ -452,6 +452,41 @@ using Q4KPanelRow = Q45KPanelRow<Dot, DType::kQ4_K, BlockQ4_K>;
 template <typename Dot>
 using Q5KPanelRow = Q45KPanelRow<Dot, DType::kQ5_K, BlockQ5_K>;
 
+// q2_K and q3_K: per 16-element half h of activation block k (sub-block
+// 2k + h), the exact integer sum of code * x (q3_K: minus 4 times the
+// half's sum(x)), then one FMA with (d * scale) * dx and, for q2_K, one of
+// -(dmin * min) with dx * sum(x) of the half; k, then h (tile_q23_k_panel's
+// order).
+template <DType kType, typename Block>
+struct Q23KPanelRow : KQuantPanelRow<kType, Block> {
+  static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
+    const Block wb = KQuantPanelRow<kType, Block>::read(block);
+    uint8_t q[256];
+    if constexpr (kType == DType::kQ2_K) {
+      q2_k_values(wb, q);
+    } else {
+      q3_k_values(wb, q);
+    }
+    const float d = _cvtsh_ss(wb.d);
+    for (int k = 0; k < 8; ++k)
+      for (int h = 0; h < 2; ++h) {
+        int32_t dot = 0, xsum = 0;
+        for (int i = 0; i < 16; ++i) {
+          dot += q[32 * k + 16 * h + i] * x[k].qs[16 * h + i];
+          xsum += x[k].qs[16 * h + i];
+        }
+        const int is = 2 * k + h;
+        if constexpr (kType == DType::kQ2_K) {
+          acc = fma1(static_cast<float>(dot), (d * static_cast<float>(wb.scales[is] & 15)) * x[k].d, acc);
+          acc = fma1(-(_cvtsh_ss(wb.dmin) * static_cast<float>(wb.scales[is] >> 4)), x[k].d * static_cast<float>(xsum), acc);
+        } else {
+          acc = fma1(static_cast<float>(dot - 4 * xsum), (d * static_cast<float>(q3_k_scale(wb, is))) * x[k].d, acc);
+        }
+      }
+    return acc;
+  }
+};
+
 // q6_K: per 16-element half e of activation block k the exact integer sum
 // of (q - 32) * x, then one FMA with (d * sc_{2k+e}) * dx, in the order h
 // (the 128-element half of the block), e, then k = 4 h + i for i = 0, 2, 1,
@@ -504,6 +539,16 @@ template <typename Unpack>
 void gemm_q16_k(const GemmArgs& a, int64_t b, int64_t e) {
   gemm_driver<Q16KTile<Unpack>::template Fn, kKQuantPlan>(a, b, e);
 }
+template <DType kType, typename Block, typename Unpack>
+void gemm_q23_k(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(kType, a.w_group)) {
+    gemm_panel_rows<Q23KPanelRow<kType, Block>>(a, b, e);
+  } else {
+    gemm_q16_k<Unpack>(a, b, e);
+  }
+}
+inline void gemm_q2_k(const GemmArgs& a, int64_t b, int64_t e) { gemm_q23_k<DType::kQ2_K, BlockQ2_K, Q2KUnpack>(a, b, e); }
+inline void gemm_q3_k(const GemmArgs& a, int64_t b, int64_t e) { gemm_q23_k<DType::kQ3_K, BlockQ3_K, Q3KUnpack>(a, b, e); }
 inline void gemm_q6_k(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ6_K, a.w_group)) {
     gemm_panel_rows<Q6KPanelRow>(a, b, e);

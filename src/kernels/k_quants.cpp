@@ -308,12 +308,28 @@ constexpr PanelField kQ5KPanel[] = {
     {kQ5KPanelQh, offsetof(BlockQ5_K, qh), 4, 8},
     {kQ5KPanelQs, offsetof(BlockQ5_K, qs), 4, 32},
 };
+constexpr PanelField kQ2KPanel[] = {
+    {0, offsetof(BlockQ2_K, qs), 4, 16},
+    {kQ2KPanelScales, offsetof(BlockQ2_K, scales), 4, 4},
+    {kQ2KPanelD, offsetof(BlockQ2_K, d), 2, 1},
+    {kQ2KPanelDmin, offsetof(BlockQ2_K, dmin), 2, 1},
+};
+constexpr PanelField kQ3KPanel[] = {
+    {0, offsetof(BlockQ3_K, qs), 4, 16},
+    {kQ3KPanelHmask, offsetof(BlockQ3_K, hmask), 4, 8},
+    {kQ3KPanelScales, offsetof(BlockQ3_K, scales), 4, 3},
+    {kQ3KPanelD, offsetof(BlockQ3_K, d), 2, 1},
+};
 // (q6_K's values are moved by move_q6_k_codes.)
 constexpr PanelField kQ6KPanel[] = {
     {kQ6KPanelScales, offsetof(BlockQ6_K, scales), 4, 4},
     {kQ6KPanelD, offsetof(BlockQ6_K, d), 2, 1},
 };
 static_assert(kQ4KPanelQs + 64 * 32 == 16 * sizeof(BlockQ4_K));
+static_assert(kQ2KPanelScales == 64 * 16 && kQ2KPanelD == kQ2KPanelScales + 64 * 4 && kQ2KPanelDmin == kQ2KPanelD + 32 &&
+              kQ2KPanelDmin + 32 == 16 * sizeof(BlockQ2_K));
+static_assert(kQ3KPanelHmask == 64 * 16 && kQ3KPanelScales == kQ3KPanelHmask + 64 * 8 &&
+              kQ3KPanelD == kQ3KPanelScales + 64 * 3 && kQ3KPanelD + 32 == 16 * sizeof(BlockQ3_K));
 static_assert(kQ5KPanelQh == kQ4KPanelQs && kQ5KPanelQs == kQ5KPanelQh + 64 * 8 &&
               kQ5KPanelQs + 64 * 32 == 16 * sizeof(BlockQ5_K));
 static_assert(kQ6KPanelScales == 64 * 3 * 16 && kQ6KPanelD + 32 == 16 * sizeof(BlockQ6_K));
@@ -322,6 +338,8 @@ std::span<const PanelField> panel_fields(DType t) {
   TANDEM_ASSERT(has_k_quant_panels(t));
   if (t == DType::kQ4_K) return kQ4KPanel;
   if (t == DType::kQ5_K) return kQ5KPanel;
+  if (t == DType::kQ2_K) return kQ2KPanel;
+  if (t == DType::kQ3_K) return kQ3KPanel;
   return kQ6KPanel;
 }
 
@@ -375,7 +393,9 @@ void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
 
 }  // namespace
 
-bool has_k_quant_panels(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K; }
+bool has_k_quant_panels(DType t) {
+  return t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+}
 
 void pack_k_quant_panel(DType t, const uint8_t* const* blocks, uint8_t* panel) {
   uint8_t block[sizeof(BlockQ6_K)];

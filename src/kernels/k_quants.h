@@ -126,7 +126,7 @@ void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 // for q4_K and q5_K, the min) that spans its values, then the block's scales quantized
 // against the largest. Not llama.cpp's search for the least squared error:
 // files tandem writes are valid GGUF of these types, a little less accurate.
-// The panel layouts of q4_K, q5_K and q6_K (matmul.h: 16 rows interleaved, for
+// The panel layouts of q2_K, q3_K, q4_K, q5_K and q6_K (matmul.h: 16 rows interleaved, for
 // the AVX-512 tiles). A group of 16 rows stores each 256-element block index
 // as one panel block of the 16 rows' blocks, the same bytes rearranged in
 // vectors of 64 bytes: vector v of a field holds, at bytes 4r..4r+3 (2r,
@@ -144,13 +144,24 @@ void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 //    and 4-5 (the same bytes as ql and qh, in the order the tiles take
 //    them: a code in one instruction, the fourth in six); then 4 vectors of
 //    scales and the 16 d (the codes first, so that they start on a cache
-//    line in every other block).
+//    line in every other block);
+//  - q2_K and q3_K: first 16 vectors of qs (vector 8c + 4h + v holds column
+//    v of 16-element half h of elements 128c..128c+127, in the four bit
+//    pairs of its bytes, one per 32 elements); then q2_K: 4 vectors of
+//    scales, the 16 d, the 16 dmin; q3_K: 8 vectors of hmask (vector 4h + v
+//    the same columns), 3 of scales, the 16 d.
 constexpr int kQ4KPanelScales = 64;
 constexpr int kQ4KPanelQs = 256;
 constexpr int kQ5KPanelQh = 256;
 constexpr int kQ5KPanelQs = 768;
 constexpr int kQ6KPanelScales = 3072;
 constexpr int kQ6KPanelD = 3328;
+constexpr int kQ2KPanelScales = 1024;
+constexpr int kQ2KPanelD = 1280;
+constexpr int kQ2KPanelDmin = 1312;
+constexpr int kQ3KPanelHmask = 1024;
+constexpr int kQ3KPanelScales = 1536;
+constexpr int kQ3KPanelD = 1728;
 // Whether type t (a 256-element type) has a panel layout.
 bool has_k_quant_panels(DType t);
 // Packs blocks[0..16) (one block of each row) into one panel block.

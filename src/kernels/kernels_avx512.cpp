@@ -1081,6 +1081,101 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
   store_panel_tile(a, g0, t0, job, acc);
 }
 
+// q2_K's and q3_K's panel tile (panels: k_quants.h): G groups of 16 rows x
+// T tokens. Per 16-element half h of activation block k = 4c + j (sub-block
+// 2k + h), each lane's exact integer dot product of its row's codes (bit
+// pair j of the half's qs vectors; q3_K adds bit 4c + j of its hmask
+// vectors as bit 2, and starts at -4 times the half's sum(x)), then one
+// FMA with (d * scale) * dx and, for q2_K, one of -(dmin * min) with dx *
+// sum(x) of the half: the steps of Q23KPanelRow.
+template <DType kType, int G, int T>
+inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr bool kQ3 = kType == DType::kQ3_K;
+  constexpr int64_t kPanelBytes = kPanelRows * static_cast<int64_t>(kQ3 ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K));
+  constexpr int64_t kStepBytes = kPanelBytes / 8;  // (fetched per activation block)
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  const auto& x = tile.x;
+  const auto& xs = tile.xs;
+  __m512 acc[G][T];
+  zero(acc);
+  const int64_t n_super = a.k / kSuperBlock;
+  const __m512i low2 = _mm512_set1_epi8(3);
+  const __m512i low4_32 = _mm512_set1_epi32(0x0F);
+  for (int64_t s = 0; s < n_super; ++s) {
+    const int64_t off = s * kPanelBytes;
+    __m512 d[G], dmin[G];
+    for (int g = 0; g < G; ++g) {
+      d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile.at(g, off + (kQ3 ? kQ3KPanelD : kQ2KPanelD)))));
+      if constexpr (!kQ3)
+        dmin[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile.at(g, off + kQ2KPanelDmin))));
+    }
+    for (int k = 0; k < 8; ++k) {
+      tile.fetch(off + k * kStepBytes, kStepBytes);
+      const int c = k / 4, j = k % 4;
+      for (int h = 0; h < 2; ++h) {
+        const int is = 2 * k + h;
+        int32_t half[T];
+        for (int t = 0; t < T; ++t) {
+          const int32_t first = first_half_sum(x[t][8 * s + k]);
+          half[t] = h == 0 ? first : xs[t][8 * s + k] - first;
+        }
+        __m512i dot[G][T];
+        for (int g = 0; g < G; ++g)
+          for (int t = 0; t < T; ++t) dot[g][t] = kQ3 ? _mm512_set1_epi32(-4 * half[t]) : _mm512_setzero_si512();
+        for (int v = 0; v < 4; ++v) {
+          __m512i xc[T];
+          for (int t = 0; t < T; ++t) xc[t] = x_column(x[t][8 * s + k], 4 * h + v);
+          for (int g = 0; g < G; ++g) {
+            __m512i codes = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(tile.at(g, off + 64 * (8 * c + 4 * h + v))), 2 * j), low2);
+            if constexpr (kQ3) {
+              // Bit 4c + j of each hmask byte to bit 2 (16-bit shifts: what
+              // crosses a byte is masked off).
+              const __m512i hm = _mm512_loadu_si512(tile.at(g, off + kQ3KPanelHmask + 64 * (4 * h + v)));
+              const int bit = 4 * c + j;
+              const __m512i high = bit >= 2 ? _mm512_srli_epi16(hm, bit - 2) : _mm512_slli_epi16(hm, 2 - bit);
+              codes = _mm512_ternarylogic_epi32(codes, high, _mm512_set1_epi8(0x04), 0xF8);  // codes | (high & 4)
+            }
+            for (int t = 0; t < T; ++t) dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], codes, xc[t]);
+          }
+        }
+        for (int g = 0; g < G; ++g) {
+          __m512 dsc;
+          [[maybe_unused]] __m512 dmm;
+          if constexpr (kQ3) {
+            // Scale is: low 4 bits from byte is % 8 (nibble is / 8), high 2
+            // from byte 8 + is % 4 (bits 2 (is / 4)), minus 32.
+            const __m512i lo = _mm512_srli_epi32(_mm512_loadu_si512(tile.at(g, off + kQ3KPanelScales + 64 * ((is % 8) / 4))),
+                                                 8 * (is % 4) + 4 * (is / 8));
+            const __m512i hi = _mm512_srli_epi32(_mm512_loadu_si512(tile.at(g, off + kQ3KPanelScales + 128)), 8 * (is % 4) + 2 * (is / 4));
+            const __m512i sc = _mm512_or_si512(_mm512_and_si512(lo, low4_32), _mm512_slli_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(3)), 4));
+            dsc = _mm512_mul_ps(d[g], _mm512_cvtepi32_ps(_mm512_sub_epi32(sc, _mm512_set1_epi32(32))));
+          } else {
+            const __m512i b = _mm512_srli_epi32(_mm512_loadu_si512(tile.at(g, off + kQ2KPanelScales + 64 * (is / 4))), 8 * (is % 4));
+            dsc = _mm512_mul_ps(d[g], _mm512_cvtepi32_ps(_mm512_and_si512(b, low4_32)));
+            dmm = _mm512_mul_ps(dmin[g], _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, 4), low4_32)));
+          }
+          for (int t = 0; t < T; ++t) {
+            const float dx = x[t][8 * s + k].d;
+            acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[g][t]), _mm512_mul_ps(dsc, _mm512_set1_ps(dx)), acc[g][t]);
+            if constexpr (!kQ3) acc[g][t] = _mm512_fnmadd_ps(dmm, _mm512_set1_ps(dx * static_cast<float>(half[t])), acc[g][t]);
+          }
+        }
+      }
+    }
+  }
+  store_panel_tile(a, g0, t0, job, acc);
+}
+
+template <DType kType>
+struct Q23KPanelTile {
+  template <int G, int T>
+  struct Fn {
+    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) {
+      tile_q23_k_panel<kType, G, T>(a, g, t, job);
+    }
+  };
+};
+
 template <DType kType>
 struct Q45KPanelTile {
   template <int G, int T>
@@ -1165,6 +1260,17 @@ void gemm_q6_k512(const GemmArgs& a, int64_t b, int64_t e) {
   }
 }
 
+template <DType kType>
+void gemm_q23_k512(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(kType, a.w_group)) {
+    block_panel_driver<Q23KPanelTile<kType>::template Fn, kType>(a, b, e);
+  } else if constexpr (kType == DType::kQ2_K) {
+    gemm_q16_k<Q2KUnpack>(a, b, e);
+  } else {
+    gemm_q16_k<Q3KUnpack>(a, b, e);
+  }
+}
+
 void gemm_q5_k512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ5_K, a.w_group)) {
     block_panel_driver<Q45KPanelTile<DType::kQ5_K>::Fn, DType::kQ5_K>(a, b, e);
@@ -1196,8 +1302,8 @@ const IsaKernels kAvx512Kernels = {
     gemm_legacy512<Q5_1Format>,
     gemm_legacy512<IQ4NLFormat>,
     gemm_q5_k512,
-    gemm_q16_k<Q2KUnpack>,
-    gemm_q16_k<Q3KUnpack>,
+    gemm_q23_k512<DType::kQ2_K>,
+    gemm_q23_k512<DType::kQ3_K>,
     gemm_iq4_xs<DotLanes>,
     attention_tile_vec,
     silu_mul_vec,
