@@ -272,9 +272,9 @@ TEST(Kernels, LowBitQuantizersKeepTheRowsErrorSmall) {
 }
 
 // The interleaved layouts (matmul.h) only move bytes. Chunk groups (the
-// block types in AVX2's layout, iq4_xs in AVX-512's) give bitwise
+// block types in AVX2's layout) give bitwise
 // the products of plain rows in every variant. Panels (f32, f16, bf16; q8_0,
-// the 32-element types, the K types but iq4_xs in AVX-512's
+// the 32-element types, the K types in AVX-512's
 // layout) do in the scalar reference, whose order is the same for every
 // layout, and agree within the rounding bound in the vector variants, whose
 // panel tiles reduce in one chain over k (or k pairs, or blocks); the block

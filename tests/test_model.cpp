@@ -247,8 +247,8 @@ TEST(Model, LowBitModelsMatchTheReferenceOnTheirDequantizedWeights) {
 }
 
 // Interleaving the weights at load is a layout change only. In chunk groups
-// (iq4_xs) the logits are bitwise those of the plain file
-// layout; panels (f32, f16, bf16; q8_0, the 32-element types, the K types but iq4_xs for AVX-512) reduce in one
+// (the block types for AVX2) the logits are bitwise those of the plain file
+// layout; panels (f32, f16, bf16; q8_0, the 32-element types, the K types for AVX-512) reduce in one
 // chain over k (or k pairs, or blocks) in the vector kernels, so their logits
 // agree within rounding and give the same greedy token (and bitwise in the
 // scalar reference). With the block types a rounding difference can

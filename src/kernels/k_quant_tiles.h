@@ -487,6 +487,23 @@ struct Q23KPanelRow : KQuantPanelRow<kType, Block> {
   }
 };
 
+// iq4_xs: per sub-block j, the exact integer sum of level * x, then one FMA
+// with (d * (ls_j - 32)) * dx (tile_iq4_xs_panel's steps).
+struct IQ4XSPanelRow : KQuantPanelRow<DType::kIQ4_XS, BlockIQ4_XS> {
+  static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
+    const BlockIQ4_XS wb = read(block);
+    uint8_t q[256];
+    iq4_xs_values(wb, q);
+    const float d = _cvtsh_ss(wb.d);
+    for (int j = 0; j < 8; ++j) {
+      int32_t dot = 0;
+      for (int i = 0; i < 32; ++i) dot += kIq4NlLevels[q[32 * j + i]] * x[j].qs[i];
+      acc = fma1(static_cast<float>(dot), (d * static_cast<float>(iq4_xs_scale(wb, j))) * x[j].d, acc);
+    }
+    return acc;
+  }
+};
+
 // q6_K: per 16-element half e of activation block k the exact integer sum
 // of (q - 32) * x, then one FMA with (d * sc_{2k+e}) * dx, in the order h
 // (the 128-element half of the block), e, then k = 4 h + i for i = 0, 2, 1,
@@ -532,7 +549,11 @@ void gemm_q5_k(const GemmArgs& a, int64_t b, int64_t e) {
 }
 template <typename Dot>
 void gemm_iq4_xs(const GemmArgs& a, int64_t b, int64_t e) {
-  gemm_driver<Q45KTile<Dot, IQ4XSUnpack>::template Fn, kKQuantPlan>(a, b, e);
+  if (is_panel_layout(DType::kIQ4_XS, a.w_group)) {
+    gemm_panel_rows<IQ4XSPanelRow>(a, b, e);
+  } else {
+    gemm_driver<Q45KTile<Dot, IQ4XSUnpack>::template Fn, kKQuantPlan>(a, b, e);
+  }
 }
 // maddubs + madd in both variants: the scales ride in the madd.
 template <typename Unpack>

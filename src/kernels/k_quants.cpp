@@ -320,6 +320,12 @@ constexpr PanelField kQ3KPanel[] = {
     {kQ3KPanelScales, offsetof(BlockQ3_K, scales), 4, 3},
     {kQ3KPanelD, offsetof(BlockQ3_K, d), 2, 1},
 };
+constexpr PanelField kIQ4XSPanel[] = {
+    {0, offsetof(BlockIQ4_XS, qs), 4, 32},
+    {kIQ4XSPanelScalesL, offsetof(BlockIQ4_XS, scales_l), 4, 1},
+    {kIQ4XSPanelScalesH, offsetof(BlockIQ4_XS, scales_h), 2, 1},
+    {kIQ4XSPanelD, offsetof(BlockIQ4_XS, d), 2, 1},
+};
 // (q6_K's values are moved by move_q6_k_codes.)
 constexpr PanelField kQ6KPanel[] = {
     {kQ6KPanelScales, offsetof(BlockQ6_K, scales), 4, 4},
@@ -328,6 +334,8 @@ constexpr PanelField kQ6KPanel[] = {
 static_assert(kQ4KPanelQs + 64 * 32 == 16 * sizeof(BlockQ4_K));
 static_assert(kQ2KPanelScales == 64 * 16 && kQ2KPanelD == kQ2KPanelScales + 64 * 4 && kQ2KPanelDmin == kQ2KPanelD + 32 &&
               kQ2KPanelDmin + 32 == 16 * sizeof(BlockQ2_K));
+static_assert(kIQ4XSPanelScalesL == 64 * 32 && kIQ4XSPanelScalesH == kIQ4XSPanelScalesL + 64 &&
+              kIQ4XSPanelD == kIQ4XSPanelScalesH + 32 && kIQ4XSPanelD + 32 == 16 * sizeof(BlockIQ4_XS));
 static_assert(kQ3KPanelHmask == 64 * 16 && kQ3KPanelScales == kQ3KPanelHmask + 64 * 8 &&
               kQ3KPanelD == kQ3KPanelScales + 64 * 3 && kQ3KPanelD + 32 == 16 * sizeof(BlockQ3_K));
 static_assert(kQ5KPanelQh == kQ4KPanelQs && kQ5KPanelQs == kQ5KPanelQh + 64 * 8 &&
@@ -340,6 +348,7 @@ std::span<const PanelField> panel_fields(DType t) {
   if (t == DType::kQ5_K) return kQ5KPanel;
   if (t == DType::kQ2_K) return kQ2KPanel;
   if (t == DType::kQ3_K) return kQ3KPanel;
+  if (t == DType::kIQ4_XS) return kIQ4XSPanel;
   return kQ6KPanel;
 }
 
@@ -394,7 +403,8 @@ void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
 }  // namespace
 
 bool has_k_quant_panels(DType t) {
-  return t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  return t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ||
+         t == DType::kIQ4_XS;
 }
 
 void pack_k_quant_panel(DType t, const uint8_t* const* blocks, uint8_t* panel) {

@@ -126,7 +126,7 @@ void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 // for q4_K and q5_K, the min) that spans its values, then the block's scales quantized
 // against the largest. Not llama.cpp's search for the least squared error:
 // files tandem writes are valid GGUF of these types, a little less accurate.
-// The panel layouts of q2_K, q3_K, q4_K, q5_K and q6_K (matmul.h: 16 rows interleaved, for
+// The panel layouts of the types above (matmul.h: 16 rows interleaved, for
 // the AVX-512 tiles). A group of 16 rows stores each 256-element block index
 // as one panel block of the 16 rows' blocks, the same bytes rearranged in
 // vectors of 64 bytes: vector v of a field holds, at bytes 4r..4r+3 (2r,
@@ -149,7 +149,10 @@ void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 //    v of 16-element half h of elements 128c..128c+127, in the four bit
 //    pairs of its bytes, one per 32 elements); then q2_K: 4 vectors of
 //    scales, the 16 d, the 16 dmin; q3_K: 8 vectors of hmask (vector 4h + v
-//    the same columns), 3 of scales, the 16 d.
+//    the same columns), 3 of scales, the 16 d;
+//  - iq4_xs: first 32 vectors of qs (vector 4j + v: column v of sub-block
+//    j in the low nibbles, column 4 + v in the high ones), then scales_l,
+//    the 16 scales_h, the 16 d.
 constexpr int kQ4KPanelScales = 64;
 constexpr int kQ4KPanelQs = 256;
 constexpr int kQ5KPanelQh = 256;
@@ -162,6 +165,9 @@ constexpr int kQ2KPanelDmin = 1312;
 constexpr int kQ3KPanelHmask = 1024;
 constexpr int kQ3KPanelScales = 1536;
 constexpr int kQ3KPanelD = 1728;
+constexpr int kIQ4XSPanelScalesL = 2048;
+constexpr int kIQ4XSPanelScalesH = 2112;
+constexpr int kIQ4XSPanelD = 2144;
 // Whether type t (a 256-element type) has a panel layout.
 bool has_k_quant_panels(DType t);
 // Packs blocks[0..16) (one block of each row) into one panel block.

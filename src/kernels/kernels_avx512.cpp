@@ -1166,6 +1166,69 @@ inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
   store_panel_tile(a, g0, t0, job, acc);
 }
 
+// iq4_xs's panel tile (panels: k_quants.h): G groups of 16 rows x T
+// tokens. Per sub-block j, each lane's exact integer dot product of its
+// row's levels + 128 (a byte shuffle of the nibbles, as iq4_nl's) with x,
+// started at -128 times sum(x), then one FMA with (d * (ls_j - 32)) * dx:
+// the steps of IQ4XSPanelRow.
+template <int G, int T>
+inline void tile_iq4_xs_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr int64_t kPanelBytes = kPanelRows * static_cast<int64_t>(sizeof(BlockIQ4_XS));
+  constexpr int64_t kStepBytes = kPanelBytes / 8;
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  const auto& x = tile.x;
+  const auto& xs = tile.xs;
+  __m512 acc[G][T];
+  zero(acc);
+  const int64_t n_super = a.k / kSuperBlock;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i low4_32 = _mm512_set1_epi32(0x0F);
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlBiasedLevels)));
+  for (int64_t s = 0; s < n_super; ++s) {
+    const int64_t off = s * kPanelBytes;
+    __m512 d[G];
+    __m512i scales_l[G], scales_h[G];
+    for (int g = 0; g < G; ++g) {
+      d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile.at(g, off + kIQ4XSPanelD))));
+      scales_l[g] = _mm512_loadu_si512(tile.at(g, off + kIQ4XSPanelScalesL));
+      scales_h[g] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile.at(g, off + kIQ4XSPanelScalesH))));
+    }
+    for (int j = 0; j < 8; ++j) {
+      tile.fetch(off + j * kStepBytes, kStepBytes);
+      __m512i dot[G][T];
+      for (int t = 0; t < T; ++t) {
+        const __m512i start = _mm512_set1_epi32(-128 * xs[t][8 * s + j]);
+        for (int g = 0; g < G; ++g) dot[g][t] = start;
+      }
+      for (int v = 0; v < 4; ++v)
+        for (int g = 0; g < G; ++g) {
+          const __m512i packed = _mm512_loadu_si512(tile.at(g, off + 64 * (4 * j + v)));
+          const __m512i lo = _mm512_shuffle_epi8(levels, _mm512_and_si512(packed, low4));
+          const __m512i hi = _mm512_shuffle_epi8(levels, _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4));
+          for (int t = 0; t < T; ++t) {
+            dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], lo, x_column(x[t][8 * s + j], v));
+            dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], hi, x_column(x[t][8 * s + j], 4 + v));
+          }
+        }
+      for (int g = 0; g < G; ++g) {
+        // ls_j: nibble j % 2 of scales_l byte j / 2, and bits 2j, 2j+1 of scales_h as bits 4-5.
+        const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(scales_l[g], 8 * (j / 2) + 4 * (j % 2)), low4_32);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(scales_h[g], 2 * j), _mm512_set1_epi32(3));
+        const __m512i ls = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+        const __m512 dls = _mm512_mul_ps(d[g], _mm512_cvtepi32_ps(ls));
+        for (int t = 0; t < T; ++t)
+          acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[g][t]), _mm512_mul_ps(dls, _mm512_set1_ps(x[t][8 * s + j].d)), acc[g][t]);
+      }
+    }
+  }
+  store_panel_tile(a, g0, t0, job, acc);
+}
+
+template <int G, int T>
+struct IQ4XSPanelTile {
+  static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_iq4_xs_panel<G, T>(a, g, t, job); }
+};
+
 template <DType kType>
 struct Q23KPanelTile {
   template <int G, int T>
@@ -1271,6 +1334,14 @@ void gemm_q23_k512(const GemmArgs& a, int64_t b, int64_t e) {
   }
 }
 
+void gemm_iq4_xs512(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(DType::kIQ4_XS, a.w_group)) {
+    block_panel_driver<IQ4XSPanelTile, DType::kIQ4_XS>(a, b, e);
+  } else {
+    gemm_iq4_xs<DotLanes>(a, b, e);
+  }
+}
+
 void gemm_q5_k512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(DType::kQ5_K, a.w_group)) {
     block_panel_driver<Q45KPanelTile<DType::kQ5_K>::Fn, DType::kQ5_K>(a, b, e);
@@ -1304,7 +1375,7 @@ const IsaKernels kAvx512Kernels = {
     gemm_q5_k512,
     gemm_q23_k512<DType::kQ2_K>,
     gemm_q23_k512<DType::kQ3_K>,
-    gemm_iq4_xs<DotLanes>,
+    gemm_iq4_xs512,
     attention_tile_vec,
     silu_mul_vec,
     Vec::narrow,

@@ -19,7 +19,7 @@ constexpr size_t kMaxOutputs = 8;
 }  // namespace
 
 InterleavedLayout interleaved_layout(DType t, Isa isa) {
-  // The 32-element types (q8_0 too), the K types but iq4_xs in panels for AVX-512's tiles (the other
+  // The 32-element types (q8_0 too), the K types in panels for AVX-512's tiles (the other
   // variants read panels too, but their tiles are built for chunk groups).
   if (has_block_panels(t) && isa == Isa::kAvx512) return {kPanelRows, static_cast<int64_t>(dtype_block_bytes(t))};
   // Block types: groups of 8 rows by whole blocks.

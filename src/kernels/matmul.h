@@ -30,7 +30,7 @@ struct BlockQ8_0Act;
 // whole blocks (q8_0: 34 bytes), which keeps the arithmetic of plain rows;
 // f32, f16 and bf16 in panels of 16 rows by single elements (bf16: pairs),
 // and for the AVX-512 kernels the 32-element block types (q8_0, q4_0, q4_1,
-// q5_0, q5_1, iq4_nl), the K types but iq4_xs in panels of 16 rows by 4-byte columns of each
+// q5_0, q5_1, iq4_nl) and the K types in panels of 16 rows by 4-byte columns of each
 // block (legacy_quants.h, k_quants.h), whose vector kernels reduce in a different (fixed)
 // order than on plain rows.
 struct WeightMatrix {
@@ -54,7 +54,7 @@ struct InterleavedLayout {
 };
 InterleavedLayout interleaved_layout(DType t, Isa isa = active_isa());
 // Whether type t has a panel layout among the block types (q8_0, the 32-element
-// types, the K types but iq4_xs).
+// types, the K types: every block type).
 bool has_block_panels(DType t);
 // How many groups of 16 rows the AVX-512 decode tile of block panels of
 // type t reads side by side, one memory stream each (kernels_avx512.cpp:
