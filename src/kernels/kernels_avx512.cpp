@@ -1224,34 +1224,24 @@ inline void tile_iq4_xs_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
   store_panel_tile(a, g0, t0, job, acc);
 }
 
-template <int G, int T>
-struct IQ4XSPanelTile {
-  static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_iq4_xs_panel<G, T>(a, g, t, job); }
-};
-
+// The panel tile of K type kType.
 template <DType kType>
-struct Q23KPanelTile {
+struct KQuantPanelTile {
   template <int G, int T>
   struct Fn {
     static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) {
-      tile_q23_k_panel<kType, G, T>(a, g, t, job);
+      if constexpr (kType == DType::kQ2_K || kType == DType::kQ3_K) {
+        tile_q23_k_panel<kType, G, T>(a, g, t, job);
+      } else if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
+        tile_q45_k_panel<kType, G, T>(a, g, t, job);
+      } else if constexpr (kType == DType::kQ6_K) {
+        tile_q6_k_panel<G, T>(a, g, t, job);
+      } else {
+        static_assert(kType == DType::kIQ4_XS);
+        tile_iq4_xs_panel<G, T>(a, g, t, job);
+      }
     }
   };
-};
-
-template <DType kType>
-struct Q45KPanelTile {
-  template <int G, int T>
-  struct Fn {
-    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) {
-      tile_q45_k_panel<kType, G, T>(a, g, t, job);
-    }
-  };
-};
-
-template <int G, int T>
-struct Q6KPanelTile {
-  static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_q6_k_panel<G, T>(a, g, t, job); }
 };
 
 template <typename F>
@@ -1295,67 +1285,26 @@ void block_panel_driver(const GemmArgs& a, int64_t b, int64_t e) {
   panel_driver<Tile, kBlockPanelPlan<kType>>(with_sums, b, e);
 }
 
+// A block type's matmul: its panel tile where the weights are in panels,
+// else ChunkGemm (the chunk-group and plain-row tiles). q8_0's panels, for
+// one: per block 8 vectors of 16 rows' values against the token's
+// activations broadcast, where its chunk-group tiles spend a conversion, a
+// scale and an FMA per row pair and block.
+template <template <int, int> class Tile, DType kType, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
+void gemm_block512(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(kType, a.w_group)) {
+    block_panel_driver<Tile, kType>(a, b, e);
+  } else {
+    ChunkGemm(a, b, e);
+  }
+}
 template <typename F>
 void gemm_legacy512(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(F::kType, a.w_group)) {
-    block_panel_driver<LegacyPanelTile<F>::template Fn, F::kType>(a, b, e);
-  } else {
-    gemm_driver<LegacyTile512<F>::template Fn, kLegacyPlan>(a, b, e);
-  }
+  gemm_block512<LegacyPanelTile<F>::template Fn, F::kType, gemm_driver<LegacyTile512<F>::template Fn, kLegacyPlan>>(a, b, e);
 }
-
-// q8_0 in panels: per block 8 vectors of 16 rows' values against the
-// token's activations broadcast, where the chunk-group tiles spend a
-// conversion, a scale and an FMA per row pair and block.
-void gemm_q8_0_512(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kQ8_0, a.w_group)) {
-    block_panel_driver<LegacyPanelTile<Q8_0Format>::template Fn, DType::kQ8_0>(a, b, e);
-  } else {
-    gemm_q8_0(a, b, e);
-  }
-}
-
-void gemm_q6_k512(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kQ6_K, a.w_group)) {
-    block_panel_driver<Q6KPanelTile, DType::kQ6_K>(a, b, e);
-  } else {
-    gemm_q16_k<Q6KUnpack>(a, b, e);
-  }
-}
-
-template <DType kType>
-void gemm_q23_k512(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(kType, a.w_group)) {
-    block_panel_driver<Q23KPanelTile<kType>::template Fn, kType>(a, b, e);
-  } else if constexpr (kType == DType::kQ2_K) {
-    gemm_q16_k<Q2KUnpack>(a, b, e);
-  } else {
-    gemm_q16_k<Q3KUnpack>(a, b, e);
-  }
-}
-
-void gemm_iq4_xs512(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kIQ4_XS, a.w_group)) {
-    block_panel_driver<IQ4XSPanelTile, DType::kIQ4_XS>(a, b, e);
-  } else {
-    gemm_iq4_xs<DotLanes>(a, b, e);
-  }
-}
-
-void gemm_q5_k512(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kQ5_K, a.w_group)) {
-    block_panel_driver<Q45KPanelTile<DType::kQ5_K>::Fn, DType::kQ5_K>(a, b, e);
-  } else {
-    gemm_q5_k<DotLanes>(a, b, e);
-  }
-}
-
-void gemm_q4_k512(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kQ4_K, a.w_group)) {
-    block_panel_driver<Q45KPanelTile<DType::kQ4_K>::Fn, DType::kQ4_K>(a, b, e);
-  } else {
-    gemm_q4_k<DotLanes>(a, b, e);
-  }
+template <DType kType, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
+void gemm_k_quant512(const GemmArgs& a, int64_t b, int64_t e) {
+  gemm_block512<KQuantPanelTile<kType>::template Fn, kType, ChunkGemm>(a, b, e);
 }
 
 }  // namespace
@@ -1364,18 +1313,18 @@ const IsaKernels kAvx512Kernels = {
     gemm_f32,
     gemm_f16,
     gemm_bf16,
-    gemm_q8_0_512,
-    gemm_q4_k512,
-    gemm_q6_k512,
+    gemm_block512<LegacyPanelTile<Q8_0Format>::template Fn, DType::kQ8_0, gemm_q8_0>,
+    gemm_k_quant512<DType::kQ4_K, gemm_q4_k<DotLanes>>,
+    gemm_k_quant512<DType::kQ6_K, gemm_q16_k<Q6KUnpack>>,
     gemm_legacy512<Q4_0Format>,
     gemm_legacy512<Q4_1Format>,
     gemm_legacy512<Q5_0Format>,
     gemm_legacy512<Q5_1Format>,
     gemm_legacy512<IQ4NLFormat>,
-    gemm_q5_k512,
-    gemm_q23_k512<DType::kQ2_K>,
-    gemm_q23_k512<DType::kQ3_K>,
-    gemm_iq4_xs512,
+    gemm_k_quant512<DType::kQ5_K, gemm_q5_k<DotLanes>>,
+    gemm_k_quant512<DType::kQ2_K, gemm_q16_k<Q2KUnpack>>,
+    gemm_k_quant512<DType::kQ3_K, gemm_q16_k<Q3KUnpack>>,
+    gemm_k_quant512<DType::kIQ4_XS, gemm_iq4_xs<DotLanes>>,
     attention_tile_vec,
     silu_mul_vec,
     Vec::narrow,
