@@ -405,9 +405,22 @@ void gemm_panel_rows(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
   }
 }
 
+// A block type's matmul outside AVX-512: its weights' rows out of their
+// panels (Row, of type Row::kType) when the layout is AVX-512's, else the
+// variant's chunk-group tiles (ChunkGemm).
+template <typename Row, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
+void gemm_any_layout(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(Row::kType, a.w_group)) {
+    gemm_panel_rows<Row>(a, b, e);
+  } else {
+    ChunkGemm(a, b, e);
+  }
+}
+
 // A 256-element type's rows out of its panels.
-template <DType kType, typename Block>
+template <DType kBlockType, typename Block>
 struct KQuantPanelRow {
+  static constexpr DType kType = kBlockType;
   static constexpr int64_t kBytes = sizeof(Block), kElements = kSuperBlock;
   static void unpack(const uint8_t* panel, int r, uint8_t* block) { unpack_k_quant_panel_row(kType, panel, r, block); }
   static Block read(const uint8_t* block) {
@@ -531,51 +544,16 @@ struct Q6KPanelRow : KQuantPanelRow<DType::kQ6_K, BlockQ6_K> {
   }
 };
 
-template <typename Dot>
-void gemm_q4_k(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kQ4_K, a.w_group)) {
-    gemm_panel_rows<Q4KPanelRow<Dot>>(a, b, e);
-  } else {
-    gemm_driver<Q45KTile<Dot, Q4KUnpack>::template Fn, kKQuantPlan>(a, b, e);
-  }
+// The chunk-group tiles of q4_K, q5_K and iq4_xs (vpdpbusd-shaped lanes).
+template <typename Dot, typename Unpack>
+void gemm_q45_k_chunks(const GemmArgs& a, int64_t b, int64_t e) {
+  gemm_driver<Q45KTile<Dot, Unpack>::template Fn, kKQuantPlan>(a, b, e);
 }
-template <typename Dot>
-void gemm_q5_k(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kQ5_K, a.w_group)) {
-    gemm_panel_rows<Q5KPanelRow<Dot>>(a, b, e);
-  } else {
-    gemm_driver<Q45KTile<Dot, Q5KUnpack>::template Fn, kKQuantPlan>(a, b, e);
-  }
-}
-template <typename Dot>
-void gemm_iq4_xs(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kIQ4_XS, a.w_group)) {
-    gemm_panel_rows<IQ4XSPanelRow>(a, b, e);
-  } else {
-    gemm_driver<Q45KTile<Dot, IQ4XSUnpack>::template Fn, kKQuantPlan>(a, b, e);
-  }
-}
-// maddubs + madd in both variants: the scales ride in the madd.
+// The chunk-group tiles of q2_K, q3_K and q6_K: maddubs + madd in both
+// variants, the scales riding in the madd.
 template <typename Unpack>
 void gemm_q16_k(const GemmArgs& a, int64_t b, int64_t e) {
   gemm_driver<Q16KTile<Unpack>::template Fn, kKQuantPlan>(a, b, e);
-}
-template <DType kType, typename Block, typename Unpack>
-void gemm_q23_k(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(kType, a.w_group)) {
-    gemm_panel_rows<Q23KPanelRow<kType, Block>>(a, b, e);
-  } else {
-    gemm_q16_k<Unpack>(a, b, e);
-  }
-}
-inline void gemm_q2_k(const GemmArgs& a, int64_t b, int64_t e) { gemm_q23_k<DType::kQ2_K, BlockQ2_K, Q2KUnpack>(a, b, e); }
-inline void gemm_q3_k(const GemmArgs& a, int64_t b, int64_t e) { gemm_q23_k<DType::kQ3_K, BlockQ3_K, Q3KUnpack>(a, b, e); }
-inline void gemm_q6_k(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kQ6_K, a.w_group)) {
-    gemm_panel_rows<Q6KPanelRow>(a, b, e);
-  } else {
-    gemm_q16_k<Q6KUnpack>(a, b, e);
-  }
 }
 
 }  // namespace

@@ -362,24 +362,29 @@ struct DotLanes {
   }
 };
 
+template <typename F>
+void gemm_legacy(const GemmArgs& a, int64_t b, int64_t e) {
+  gemm_any_layout<LegacyPanelRow<DotLanes, F>, gemm_legacy_chunks<DotLanes, F>>(a, b, e);
+}
+
 }  // namespace
 
 const IsaKernels kAvx2Kernels = {
     gemm_f32,
     gemm_f16,
     gemm_bf16,
-    gemm_q8_0_any_layout<DotLanes, gemm_q8_0>,
-    gemm_q4_k<DotLanes>,
-    gemm_q6_k,
-    gemm_legacy<DotLanes, Q4_0Format>,
-    gemm_legacy<DotLanes, Q4_1Format>,
-    gemm_legacy<DotLanes, Q5_0Format>,
-    gemm_legacy<DotLanes, Q5_1Format>,
-    gemm_legacy<DotLanes, IQ4NLFormat>,
-    gemm_q5_k<DotLanes>,
-    gemm_q2_k,
-    gemm_q3_k,
-    gemm_iq4_xs<DotLanes>,
+    gemm_any_layout<LegacyPanelRow<DotLanes, Q8_0Format>, gemm_q8_0>,
+    gemm_any_layout<Q4KPanelRow<DotLanes>, gemm_q45_k_chunks<DotLanes, Q4KUnpack>>,
+    gemm_any_layout<Q6KPanelRow, gemm_q16_k<Q6KUnpack>>,
+    gemm_legacy<Q4_0Format>,
+    gemm_legacy<Q4_1Format>,
+    gemm_legacy<Q5_0Format>,
+    gemm_legacy<Q5_1Format>,
+    gemm_legacy<IQ4NLFormat>,
+    gemm_any_layout<Q5KPanelRow<DotLanes>, gemm_q45_k_chunks<DotLanes, Q5KUnpack>>,
+    gemm_any_layout<Q23KPanelRow<DType::kQ2_K, BlockQ2_K>, gemm_q16_k<Q2KUnpack>>,
+    gemm_any_layout<Q23KPanelRow<DType::kQ3_K, BlockQ3_K>, gemm_q16_k<Q3KUnpack>>,
+    gemm_any_layout<IQ4XSPanelRow, gemm_q45_k_chunks<DotLanes, IQ4XSUnpack>>,
     attention_tile_vec,
     silu_mul_vec,
     Vec::narrow,

@@ -167,6 +167,7 @@ struct LegacyTile {
 // one FMA with d * dx and, with a min, one of m with dx * sum(x).
 template <typename Dot, typename F>
 struct LegacyPanelRow {
+  static constexpr DType kType = F::kType;
   static constexpr int64_t kBytes = F::kBytes, kElements = 32;
   static void unpack(const uint8_t* panel, int r, uint8_t* block) { unpack_legacy_panel_row(F::kType, panel, r, block); }
   static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
@@ -185,24 +186,10 @@ struct LegacyPanelRow {
   }
 };
 
-// q8_0 out of AVX-512's panels; a chunk-group layout takes the variant's
-// own q8_0 tiles (ChunkGemm).
-template <typename Dot, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
-void gemm_q8_0_any_layout(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kQ8_0, a.w_group)) {
-    gemm_panel_rows<LegacyPanelRow<Dot, Q8_0Format>>(a, b, e);
-  } else {
-    ChunkGemm(a, b, e);
-  }
-}
-
+// A 32-element type's chunk-group tiles.
 template <typename Dot, typename F>
-void gemm_legacy(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(F::kType, a.w_group)) {
-    gemm_panel_rows<LegacyPanelRow<Dot, F>>(a, b, e);
-  } else {
-    gemm_driver<LegacyTile<Dot, F>::template Fn, kKQuantPlan>(a, b, e);
-  }
+void gemm_legacy_chunks(const GemmArgs& a, int64_t b, int64_t e) {
+  gemm_driver<LegacyTile<Dot, F>::template Fn, kKQuantPlan>(a, b, e);
 }
 
 }  // namespace
