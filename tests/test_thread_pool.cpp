@@ -2,10 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "util/function_ref.h"
+#include "util/idle_fetch.h"
 #include "util/split_balance.h"
 #include "util/thread_pool.h"
 
@@ -27,6 +30,61 @@ TEST(FunctionRef, CallsTheReferencedCallableWithItsStateAndReturnsItsResult) {
   ref = f;
   EXPECT_EQ(ref(6, 7), 42);
   EXPECT_FALSE(static_cast<bool>(FunctionRef<void()>{}));
+}
+
+TEST(IdleFetch, StepsThroughItsRangesInOrderUpToItsLimit) {
+  std::vector<uint8_t> a(2500), b(1024);
+  IdleFetch f;
+  EXPECT_EQ(f.take_step().bytes, 0) << "nothing queued";
+  IdleFetch::Ranges r;
+  r.range[0] = {a.data(), 2500};
+  r.range[1] = {b.data(), 1024};
+  r.n = 2;
+  f.queue(r, 1 << 20);
+  const std::vector<std::pair<const uint8_t*, int64_t>> want = {
+      {a.data(), 1024}, {a.data() + 1024, 1024}, {a.data() + 2048, 452}, {b.data(), 1024}};
+  for (const auto& [data, bytes] : want) {
+    const IdleFetch::Range s = f.take_step();
+    EXPECT_EQ(s.data, data);
+    EXPECT_EQ(s.bytes, bytes);
+  }
+  EXPECT_EQ(f.take_step().bytes, 0);
+  EXPECT_FALSE(f.step());
+  // At most the limit, and a new queue replaces what is left.
+  f.queue(r, 1500);
+  EXPECT_EQ(f.take_step().bytes, 1024);
+  EXPECT_EQ(f.take_step().bytes, 476);
+  EXPECT_EQ(f.take_step().bytes, 0);
+  f.queue(r, 1500);
+  EXPECT_TRUE(f.step());
+  f.queue(IdleFetch::Ranges{}, 1500);
+  EXPECT_FALSE(f.step());
+}
+
+// What a thread has queued is fetched while it waits in the pool: a worker
+// between regions, the caller while the workers finish.
+TEST(ThreadPool, AWaitingThreadFetchesWhatItHasQueued) {
+  ThreadPool pool(2);
+  std::vector<uint8_t> data(4096);
+  IdleFetch::Ranges r;
+  r.range[0] = {data.data(), 4096};
+  r.n = 1;
+  // The worker queues, and waits for the next region.
+  pool.run([&](int t, int) {
+    if (t == 1) IdleFetch::this_thread().queue(r, 1 << 20);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  int64_t worker_left_bytes = -1;
+  pool.run([&](int t, int) {
+    if (t == 1) worker_left_bytes = IdleFetch::this_thread().take_step().bytes;
+  });
+  EXPECT_EQ(worker_left_bytes, 0);
+  // The caller queues, and waits for a worker that takes longer.
+  pool.run([&](int t, int) {
+    if (t == 0) IdleFetch::this_thread().queue(r, 1 << 20);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  });
+  EXPECT_EQ(IdleFetch::this_thread().take_step().bytes, 0);
 }
 
 TEST(ThreadPool, RunCallsEveryThreadIndexOnceWithTheThreadCount) {

@@ -15,6 +15,7 @@ namespace tandem::kernels {
 namespace {
 
 constexpr size_t kMaxOutputs = 8;
+static_assert(kMaxOutputs <= IdleFetch::kMaxRanges, "a next share has a range per output");
 
 }  // namespace
 
@@ -228,38 +229,6 @@ void prefetch_input(const GemmArgs& a) {
   }
 }
 
-// How many weight streams a batch-1 decode tile of w reads side by side (the
-// groups of its panels or chunk groups, or its rows): the AVX-512 tiles'
-// figures, near enough for the other variants, as only fetching ahead uses it.
-int64_t decode_streams(const WeightMatrix& w) {
-  if (is_panel_layout(w.type, w.group)) return has_block_panels(w.type) ? block_panel_decode_groups(w.type) : 4;
-  return w.group > 1 ? 2 : kMaxDecodeStreams;
-}
-
-// The first bytes of each stream of a decode tile that starts at row `row`
-// of w and covers at most `rows` rows.
-NextShareSpans decode_stream_spans(const WeightMatrix& w, int64_t row, int64_t rows) {
-  const int64_t stream_rows = std::max<int64_t>(w.group, 1);
-  const auto stream_bytes = static_cast<int64_t>(w.row_bytes) * stream_rows;
-  const int64_t first = row / stream_rows;
-  const int64_t streams = std::min(decode_streams(w), (row % stream_rows + rows + stream_rows - 1) / stream_rows);
-  NextShareSpans out;
-  for (int64_t s = 0; s < streams; ++s)
-    out.spans[static_cast<size_t>(out.n++)] = {w.data + (first + s) * stream_bytes,
-                                               std::min(stream_bytes, kNextShareFetchBytes / streams)};
-  return out;
-}
-
-// Thread t's share of `next`, fetched ahead into L1 (in the measurement a
-// whole first tile of 36 KB fetched ahead removed the cold start; 16 KB,
-// half of it).
-void fetch_next_share(const NextMatmul& next, const ThreadPool& pool, int t) {
-  const NextShareSpans s = next_share_spans(next, pool, t);
-  for (int i = 0; i < s.n; ++i)
-    for (int64_t off = 0; off < s.spans[static_cast<size_t>(i)].bytes; off += 64)
-      __builtin_prefetch(s.spans[static_cast<size_t>(i)].data + off, 0, 3);
-}
-
 // One thread's share of a parallel region of products. The region's closures
 // hold their state by value, not by reference to the caller's frame: each
 // reference a worker follows into memory the caller has just written is one
@@ -309,7 +278,8 @@ struct ProductsRegion {
         products(begin, end, &normed);
       }
     }
-    if (warmup != nullptr && warmup->next != nullptr) fetch_next_share(*warmup->next, *pool, t);
+    if (warmup != nullptr && warmup->next != nullptr)
+      IdleFetch::this_thread().queue(next_share(*warmup->next, *pool, t), kIdleFetchMaxBytes);
   }
   void products(int64_t begin, int64_t end, const NormedRow* normed) const {
     if (normed == nullptr)
@@ -350,20 +320,28 @@ void run_products(const WeightMatrix* const* w, const GemmArgs* args, size_t n, 
 
 }  // namespace
 
-NextShareSpans next_share_spans(const NextMatmul& next, const ThreadPool& pool, int t) {
-  if (next.weights.empty()) return {};
+IdleFetch::Ranges next_share(const NextMatmul& next, const ThreadPool& pool, int t) {
+  IdleFetch::Ranges out;
+  if (next.weights.empty()) return out;
   int64_t rows = next.split.same_rows ? next.weights[0]->rows : 0;
   if (!next.split.same_rows)
     for (const WeightMatrix* m : next.weights) rows += m->rows;
   const auto [b, e] = pool.balanced_range(rows, next.split.row_grain, t);
-  // The output that holds the share's first row, and that row in it.
-  int64_t r = b;
+  // Rows [b, e) of each output (same_rows), or of their concatenation.
+  int64_t first = 0;
   for (const WeightMatrix* m : next.weights) {
-    if (b >= e) break;
-    if (next.split.same_rows || r < m->rows) return decode_stream_spans(*m, r, std::min(e - b, m->rows - r));
-    r -= m->rows;
+    const int64_t rb = next.split.same_rows ? b : std::max(b, first) - first;
+    const int64_t re = next.split.same_rows ? e : std::min(e, first + m->rows) - first;
+    first += m->rows;
+    if (rb >= re) continue;
+    TANDEM_ASSERT(out.n < IdleFetch::kMaxRanges);
+    // Whole groups: a panel's rows are interleaved.
+    const int64_t group = std::max<int64_t>(m->group, 1);
+    const auto group_bytes = static_cast<int64_t>(m->row_bytes) * group;
+    out.range[static_cast<size_t>(out.n++)] = {m->data + rb / group * group_bytes,
+                                               ((re + group - 1) / group - rb / group) * group_bytes};
   }
-  return {};
+  return out;
 }
 
 void matmul(std::span<const MatmulOutput> outputs, const MatmulInput& in, int64_t n_tokens, ThreadPool& pool,

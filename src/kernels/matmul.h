@@ -14,6 +14,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/isa.h"
+#include "util/idle_fetch.h"
 
 namespace tandem {
 class ThreadPool;
@@ -120,29 +121,26 @@ using MatmulEpilogue = std::function<void(size_t index, int64_t row_begin, int64
 
 // The group a batch-1 decode step multiplies after this one (its weights, in
 // the order of its outputs, and its split). A thread that has finished its
-// share of a group given one fetches the first bytes of each weight stream
-// that its first decode tile there will read: a share that starts cold takes
-// about 1 us longer on the development VM, on every one of a step's ~100
-// matmuls (docs/BENCHMARKS.md, "A thread's next share, fetched ahead").
+// share of a group given one queues the start of its share of the next
+// (next_share) to be fetched into its L2 while it waits in the pool, for the
+// region's other threads or for the next region (util/idle_fetch.h): a share
+// that starts cold takes about 1 us longer on the development VM, on every one
+// of a step's ~120 matmuls, and the time a thread waits is otherwise lost
+// (docs/BENCHMARKS.md, "Waiting threads fetch their next share").
 struct NextMatmul {
   std::vector<const WeightMatrix*> weights;
   MatmulSplit split;
 };
 
-// What thread t of `pool` fetches of its share of `next`: the first bytes
-// of each weight stream its first decode tile there reads, in all about
-// kNextShareFetchBytes.
-struct ByteSpan {
-  const uint8_t* data = nullptr;
-  int64_t bytes = 0;
-};
-constexpr int64_t kNextShareFetchBytes = 32 * 1024;
-constexpr int kMaxDecodeStreams = 8;
-struct NextShareSpans {
-  std::array<ByteSpan, kMaxDecodeStreams> spans{};
-  int n = 0;
-};
-NextShareSpans next_share_spans(const NextMatmul& next, const ThreadPool& pool, int t);
+// How much of its next share a thread fetches while it waits, at most: about
+// half a core's L2 on the development VM (512 KB measured as well as a whole
+// share of several MB, and better than 96-192 KB, within the host's noise).
+constexpr int64_t kIdleFetchMaxBytes = 512 * 1024;
+
+// Thread t of `pool`'s share of `next`, as its tiles will read it: the
+// bytes of its rows in each output the share covers, in output order, at the
+// rows the pool's balanced split would give it now.
+IdleFetch::Ranges next_share(const NextMatmul& next, const ThreadPool& pool, int t);
 
 // What each thread of a one-token group's region fetches for what comes
 // after the region, besides its own products.

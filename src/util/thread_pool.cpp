@@ -4,6 +4,7 @@
 
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/idle_fetch.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -44,8 +45,9 @@ void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
+    IdleFetch& fetch = IdleFetch::this_thread();
     for (int spin = 0; gen == seen && spin < kSpinIterations; ++spin) {
-      TANDEM_CPU_RELAX();
+      if (!fetch.step()) TANDEM_CPU_RELAX();
       gen = generation_.load(std::memory_order_acquire);
     }
     while (gen == seen) {
@@ -73,7 +75,9 @@ void ThreadPool::run(FunctionRef<void(int, int)> fn) {
   // Spin briefly, then yield: when other processes or threads share the
   // cores (an HTTP server, a load generator) a worker may be descheduled, and
   // spinning for a whole time slice would keep it from running.
+  IdleFetch& fetch = IdleFetch::this_thread();
   for (int spin = 0; finish_.pending.load(std::memory_order_acquire) != 0; ++spin) {
+    if (fetch.step()) continue;
     if (spin < kSpinIterations) TANDEM_CPU_RELAX();
     else std::this_thread::yield();
   }
