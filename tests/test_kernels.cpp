@@ -280,6 +280,37 @@ TEST(Kernels, LowBitQuantizersKeepTheRowsErrorSmall) {
 // panel tiles reduce in one chain over k (or k pairs, or blocks); the block
 // types' panels give bitwise the same in AVX2 as in AVX-512. Row ranges start or end
 // inside a group.
+// Interleaving a slice of whole groups at a time writes the same bytes as the
+// whole matrix at once, and hands back every source byte once, in order.
+TEST(Kernels, InterleavingInSlicesWritesTheSameBytes) {
+  for (DType t : kAllTypes) {
+    for (Isa isa : supported_isas()) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::string(isa_name(isa)));
+      const int64_t cols = 256, rows = 80;
+      const Problem p(t, rows, cols, 1, 7);
+      const WeightMatrix plain{t, p.w.data(), rows, cols, dtype_row_bytes(t, cols)};
+      std::vector<uint8_t> whole(p.w.size()), sliced(p.w.size(), 0xAA);
+      const WeightMatrix a = interleave_rows(plain, whole.data(), isa);
+      const auto group_bytes = static_cast<int64_t>(plain.row_bytes) * a.group;
+      for (int64_t slice_bytes : {int64_t{1}, 3 * group_bytes, 3 * group_bytes + 5, int64_t{1} << 30}) {
+        std::fill(sliced.begin(), sliced.end(), 0xAA);
+        const uint8_t* next = p.w.data();
+        const WeightMatrix b = interleave_rows_in_slices(plain, sliced.data(), slice_bytes, [&](const uint8_t* done, size_t n) {
+          EXPECT_EQ(done, next);
+          EXPECT_EQ(n % static_cast<size_t>(group_bytes), 0u);
+          next = done + n;
+        }, isa);
+        EXPECT_EQ(next, p.w.data() + p.w.size());
+        EXPECT_EQ(sliced, whole) << "slices of at most " << slice_bytes << " bytes";
+        EXPECT_EQ(b.data, sliced.data());
+        EXPECT_EQ(b.rows, a.rows);
+        EXPECT_EQ(b.group, a.group);
+        EXPECT_EQ(b.chunk_bytes, a.chunk_bytes);
+      }
+    }
+  }
+}
+
 TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
   for (DType t : kAllTypes) {
     for (Isa layout_isa : supported_isas()) {

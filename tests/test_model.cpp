@@ -286,6 +286,45 @@ TEST(Model, InterleavedWeightsGiveThePlainLogits) {
   }
 }
 
+// An output tied to the embedding table is interleaved like every other
+// matrix (as a copy: the embedding reads rows of the file's table), so the
+// LM head streams the layout the kernels are fastest on; the logits are the
+// plain layout's, within the bounds of the test above.
+TEST(Model, ATiedOutputIsInterleavedAndGivesThePlainLogits) {
+  for (DType dtype : {DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+    SCOPED_TRACE(kernels::dtype_name(dtype));
+    MakeModelOptions o;
+    o.preset = "tiny-tied";
+    o.dtype = dtype;
+    const std::string path =
+        (testing::process_scratch_dir() / ("tiny-tied-" + std::string(kernels::dtype_name(dtype)) + ".gguf")).string();
+    make_model(o, path);
+    auto file = std::make_shared<const gguf::File>(gguf::File::open(path));
+    LoadOptions plain_options;
+    plain_options.interleave_weights = false;
+    std::unique_ptr<Model> interleaved = Model::load(file);
+    std::unique_ptr<Model> plain = Model::load(file, plain_options);
+    ASSERT_TRUE(interleaved->config().tied_embeddings);
+    // Every matrix a step reads is interleaved, the output among them: all
+    // but the one embedding row.
+    const int64_t E = interleaved->config().n_embd;
+    EXPECT_EQ(interleaved->interleaved_bytes(), interleaved->weight_bytes_per_step() - kernels::dtype_row_bytes(dtype, E));
+    ThreadPool pool(2);
+    const std::vector<int32_t> toks = tokens(13, 5, plain->config().n_vocab);
+    const std::vector<float> a = run_alone(*interleaved, toks, {13}, pool);
+    const std::vector<float> b = run_alone(*plain, toks, {13}, pool);
+    ASSERT_EQ(a.size(), b.size());
+    float largest = 0.0f;
+    for (float v : b) largest = std::max(largest, std::fabs(v));
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double bound = kernels::is_float_dtype(dtype) ? 1e-3 * (1 + std::fabs(b[i])) : 2e-2 * largest;
+      ASSERT_NEAR(a[i], b[i], bound);
+    }
+    const int64_t V = plain->config().n_vocab;
+    EXPECT_EQ(kernels::argmax(a.data(), V), kernels::argmax(b.data(), V));
+  }
+}
+
 TEST(Model, EveryKernelVariantGivesTheSameGreedyTokens) {
   Loaded l = load("qwen2", DType::kF16);
   ThreadPool pool(2);

@@ -16,7 +16,7 @@ void add_make_model(CLI::App& app) {
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("make-model", "Write a deterministic random-weight GGUF model");
-  cmd->add_option("--preset", args->preset, "Model shape")->check(CLI::IsMember({"tiny", "tiny-wide", "small", "base"}));
+  cmd->add_option("--preset", args->preset, "Model shape")->check(CLI::IsMember({"tiny", "tiny-wide", "tiny-tied", "small", "base"}));
   cmd->add_option("--arch", args->arch, "Architecture")->check(CLI::IsMember({"llama", "qwen2", "qwen3", "qwen3moe", "qwen3next"}));
   cmd->add_option("--dtype", args->dtype, "Weight type, or a mix of llama.cpp's (q4_k_m, q5_k_m)")
       ->check(CLI::IsMember(weight_type_names()));

@@ -100,6 +100,27 @@ WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst, Isa isa) {
   return out;
 }
 
+WeightMatrix interleave_rows_in_slices(const WeightMatrix& w, uint8_t* dst, int64_t max_slice_bytes,
+                                       FunctionRef<void(const uint8_t*, size_t)> done, Isa isa) {
+  TANDEM_ASSERT(can_interleave(w, isa));
+  // Groups are independent in every layout, so a slice of whole groups
+  // interleaves into its own place: its rows' bytes.
+  const int64_t group = interleaved_layout(w.type, isa).group;
+  const auto row_bytes = static_cast<int64_t>(w.row_bytes);
+  const int64_t slice_rows = std::max<int64_t>(1, max_slice_bytes / (row_bytes * group)) * group;
+  WeightMatrix out;
+  for (int64_t r = 0; r < w.rows; r += slice_rows) {
+    WeightMatrix slice = w;
+    slice.data = w.data + r * row_bytes;
+    slice.rows = std::min(slice_rows, w.rows - r);
+    out = interleave_rows(slice, dst + r * row_bytes, isa);
+    done(slice.data, static_cast<size_t>(slice.rows * row_bytes));
+  }
+  out.data = dst;
+  out.rows = w.rows;
+  return out;
+}
+
 void sum_q8_blocks(const BlockQ8_0Act* xq, int64_t ld_blocks, int64_t n_tokens, int64_t n_blocks, int32_t* xsum) {
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t b = 0; b < n_blocks; ++b) {

@@ -14,6 +14,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/isa.h"
+#include "util/function_ref.h"
 #include "util/idle_fetch.h"
 
 namespace tandem {
@@ -69,6 +70,13 @@ bool can_interleave(const WeightMatrix& w, Isa isa = active_isa());
 // Writes w interleaved into dst (rows * row_bytes bytes, the same size) and
 // returns the matrix viewed there.
 WeightMatrix interleave_rows(const WeightMatrix& w, uint8_t* dst, Isa isa = active_isa());
+// The same bytes, written a slice of whole groups (at most about
+// max_slice_bytes) at a time, calling done(src, bytes) on each slice of w's
+// bytes once it has been copied: a loader drops a large matrix's file pages
+// as it goes, so the file's copy and the interleaved one are not both
+// resident whole.
+WeightMatrix interleave_rows_in_slices(const WeightMatrix& w, uint8_t* dst, int64_t max_slice_bytes,
+                                       FunctionRef<void(const uint8_t*, size_t)> done, Isa isa = active_isa());
 
 // One product in a group that shares its input x.
 struct MatmulOutput {

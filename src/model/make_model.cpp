@@ -21,6 +21,7 @@ const std::vector<ModelPreset>& presets() {
   static const std::vector<ModelPreset> kPresets = {
       {"tiny", 64, 2, 4, 2, 160, 1024, 512, false},
       {"tiny-wide", 256, 2, 4, 2, 512, 1024, 512, false},
+      {"tiny-tied", 64, 2, 4, 2, 160, 1024, 512, true},
       {"small", 1024, 24, 16, 4, 2816, 32000, 4096, false},
       {"base", 896, 24, 14, 2, 4864, 151936, 32768, true},
   };
@@ -214,7 +215,7 @@ const ModelPreset& find_preset(const std::string& name, const std::string& arch)
   for (const auto& p : is_hybrid(arch) ? hybrid_presets() : moe ? moe_presets() : presets())
     if (p.name == name) return p;
   throw Error("unknown preset '" + name + "' for " + arch + ": expected one of " +
-              (moe ? "tiny, tiny-wide, small" : "tiny, tiny-wide, small, base"));
+              (moe ? "tiny, tiny-wide, small" : "tiny, tiny-wide, tiny-tied, small, base"));
 }
 
 std::vector<std::string> preset_names() {

@@ -26,8 +26,9 @@ struct ModelPreset {
 
 // Every architecture has tiny-wide: tiny with rows of 256 and more (n_embd
 // 256), which the 256-element K-quant blocks need (tests of q4_k, q6_k).
-// Dense architectures: tiny (tests, < 5 MB), small (~336M parameters), base
-// (Qwen2.5-0.5B shape). qwen3moe: tiny (8 experts, top 2) and small (16
+// Dense architectures: tiny (tests, < 5 MB), tiny-tied (tiny with the
+// output tied to the embedding table), small (~336M parameters), base
+// (Qwen2.5-0.5B shape, tied). qwen3moe: tiny (8 experts, top 2) and small (16
 // experts, top 4, ~240M parameters of which ~90M active per token).
 // qwen3next: tiny (4 layers, 1 attention) and small (8 layers, 2 attention,
 // 16 experts, top 4).
