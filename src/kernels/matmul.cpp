@@ -147,6 +147,32 @@ struct InputScratch {
   std::vector<uint16_t> xb;
 };
 
+// The rows a parallel region of products splits between threads: those of
+// each output when every thread takes the same rows of all of them
+// (same_rows), else those of the outputs one after the other.
+int64_t region_rows(const WeightMatrix* const* w, size_t n, bool same_rows) {
+  if (same_rows) {
+    for (size_t i = 0; i < n; ++i) TANDEM_ASSERT(w[i]->rows == w[0]->rows, "same_rows needs outputs of equal rows");
+    return w[0]->rows;
+  }
+  int64_t rows = 0;
+  for (size_t i = 0; i < n; ++i) rows += w[i]->rows;
+  return rows;
+}
+
+// Calls fn(i, b, e) with output i's rows [b, e) of a thread's region rows
+// [begin, end) (region_rows), for each output they cover.
+template <typename Fn>
+void for_each_output_part(const WeightMatrix* const* w, size_t n, bool same_rows, int64_t begin, int64_t end, Fn&& fn) {
+  int64_t first = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t b = same_rows ? begin : std::max(begin, first) - first;
+    const int64_t e = same_rows ? end : std::min(end, first + w[i]->rows) - first;
+    if (b < e) fn(i, b, e);
+    first += w[i]->rows;
+  }
+}
+
 struct PreparedInput {
   const float* x = nullptr;
   int64_t ldx = 0;
@@ -306,17 +332,7 @@ struct ProductsRegion {
     if (normed == nullptr)
       for (size_t i = 0; i < n; ++i)
         if (i == 0 || args[i].xq != args[i - 1].xq || args[i].x != args[i - 1].x) prefetch_input(args[i]);
-    if (same_rows) {
-      for (size_t i = 0; i < n; ++i) product(i, begin, end, normed);
-      return;
-    }
-    int64_t first = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t b = std::max(begin, first);
-      const int64_t e = std::min(end, first + w[i]->rows);
-      if (b < e) product(i, b - first, e - first, normed);
-      first += w[i]->rows;
-    }
+    for_each_output_part(w, n, same_rows, begin, end, [&](size_t i, int64_t b, int64_t e) { product(i, b, e, normed); });
   }
 };
 
@@ -329,14 +345,7 @@ void run_products(const WeightMatrix* const* w, const GemmArgs* args, size_t n, 
     for (size_t i = 0; i + 1 < n; ++i)
       TANDEM_ASSERT(w[i]->rows % split.row_grain == 0, "an epilogue needs outputs of whole row grains");
   const ProductsRegion region{w, args, n, &active_kernels(), epilogue ? &epilogue : nullptr, split.same_rows, warmup, &pool, norm};
-  int64_t rows = 0;
-  if (split.same_rows) {
-    rows = w[0]->rows;
-    for (size_t i = 0; i < n; ++i) TANDEM_ASSERT(w[i]->rows == rows, "same_rows needs outputs of equal rows");
-  } else {
-    for (size_t i = 0; i < n; ++i) rows += w[i]->rows;
-  }
-  pool.parallel_for_balanced(rows, split.row_grain, region);
+  pool.parallel_for_balanced(region_rows(w, n, split.same_rows), split.row_grain, region);
 }
 
 }  // namespace
@@ -344,24 +353,17 @@ void run_products(const WeightMatrix* const* w, const GemmArgs* args, size_t n, 
 IdleFetch::Ranges next_share(const NextMatmul& next, const ThreadPool& pool, int t) {
   IdleFetch::Ranges out;
   if (next.weights.empty()) return out;
-  int64_t rows = next.split.same_rows ? next.weights[0]->rows : 0;
-  if (!next.split.same_rows)
-    for (const WeightMatrix* m : next.weights) rows += m->rows;
-  const auto [b, e] = pool.balanced_range(rows, next.split.row_grain, t);
-  // Rows [b, e) of each output (same_rows), or of their concatenation.
-  int64_t first = 0;
-  for (const WeightMatrix* m : next.weights) {
-    const int64_t rb = next.split.same_rows ? b : std::max(b, first) - first;
-    const int64_t re = next.split.same_rows ? e : std::min(e, first + m->rows) - first;
-    first += m->rows;
-    if (rb >= re) continue;
+  const WeightMatrix* const* w = next.weights.data();
+  const size_t n = next.weights.size();
+  const auto [begin, end] = pool.balanced_range(region_rows(w, n, next.split.same_rows), next.split.row_grain, t);
+  for_each_output_part(w, n, next.split.same_rows, begin, end, [&](size_t i, int64_t b, int64_t e) {
     TANDEM_ASSERT(out.n < IdleFetch::kMaxRanges);
     // Whole groups: a panel's rows are interleaved.
-    const int64_t group = std::max<int64_t>(m->group, 1);
-    const auto group_bytes = static_cast<int64_t>(m->row_bytes) * group;
-    out.range[static_cast<size_t>(out.n++)] = {m->data + rb / group * group_bytes,
-                                               ((re + group - 1) / group - rb / group) * group_bytes};
-  }
+    const int64_t group = std::max<int64_t>(w[i]->group, 1);
+    const auto group_bytes = static_cast<int64_t>(w[i]->row_bytes) * group;
+    out.range[static_cast<size_t>(out.n++)] = {w[i]->data + b / group * group_bytes,
+                                               ((e + group - 1) / group - b / group) * group_bytes};
+  });
   return out;
 }
 
