@@ -465,23 +465,34 @@ using Q4KPanelRow = Q45KPanelRow<Dot, DType::kQ4_K, BlockQ4_K>;
 template <typename Dot>
 using Q5KPanelRow = Q45KPanelRow<Dot, DType::kQ5_K, BlockQ5_K>;
 
-// q2_K and q3_K: per 16-element half h of activation block k (sub-block
-// 2k + h), the exact integer sum of code * x (q3_K: minus 4 times the
-// half's sum(x)), then one FMA with (d * scale) * dx and, for q2_K, one of
-// -(dmin * min) with dx * sum(x) of the half; k, then h (tile_q23_k_panel's
-// order).
+// q2_K's and q3_K's codes as their AVX-512 tile reads them: code j of a
+// plane byte masked where it lies (bits 2j, 2j + 1; q3_K's fourth at bits
+// 2, 3, with its high bit above) is the code times 2^kQ23KCodeShift[q3][j],
+// so the block's float step takes dx times kQ23KCodeScaleInverse[shift] (a
+// power of two: exact, the same product).
+constexpr int kQ23KCodeShift[2][4] = {{0, 2, 4, 6}, {0, 2, 4, 2}};
+constexpr float kQ23KCodeScaleInverse[7] = {1.0f, 0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
+
+// q2_K and q3_K: per activation block k = 4c + j (sub-blocks 2k and 2k + 1,
+// its halves h), the exact integer sum of scale * code * x (q3_K: code - 4)
+// times 2^kQ23KCodeShift[q3][j], then one FMA with d * (dx *
+// kQ23KCodeScaleInverse[shift]); q2_K then one of -(dmin * dx) with the
+// integer sum over the halves of min * sum(x) (tile_q23_k_panel's steps).
 template <DType kType, typename Block>
 struct Q23KPanelRow : KQuantPanelRow<kType, Block> {
   static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
+    constexpr bool kQ3 = kType == DType::kQ3_K;
     const Block wb = KQuantPanelRow<kType, Block>::read(block);
     uint8_t q[256];
-    if constexpr (kType == DType::kQ2_K) {
-      q2_k_values(wb, q);
-    } else {
+    if constexpr (kQ3) {
       q3_k_values(wb, q);
+    } else {
+      q2_k_values(wb, q);
     }
     const float d = _cvtsh_ss(wb.d);
-    for (int k = 0; k < 8; ++k)
+    for (int k = 0; k < 8; ++k) {
+      const int shift = kQ23KCodeShift[kQ3 ? 1 : 0][k % 4];
+      int32_t sum = 0, mins = 0;
       for (int h = 0; h < 2; ++h) {
         int32_t dot = 0, xsum = 0;
         for (int i = 0; i < 16; ++i) {
@@ -489,13 +500,16 @@ struct Q23KPanelRow : KQuantPanelRow<kType, Block> {
           xsum += x[k].qs[16 * h + i];
         }
         const int is = 2 * k + h;
-        if constexpr (kType == DType::kQ2_K) {
-          acc = fma1(static_cast<float>(dot), (d * static_cast<float>(wb.scales[is] & 15)) * x[k].d, acc);
-          acc = fma1(-(_cvtsh_ss(wb.dmin) * static_cast<float>(wb.scales[is] >> 4)), x[k].d * static_cast<float>(xsum), acc);
+        if constexpr (kQ3) {
+          sum += q3_k_scale(wb, is) * ((dot - 4 * xsum) * (1 << shift));
         } else {
-          acc = fma1(static_cast<float>(dot - 4 * xsum), (d * static_cast<float>(q3_k_scale(wb, is))) * x[k].d, acc);
+          sum += (wb.scales[is] & 15) * (dot * (1 << shift));
+          mins += (wb.scales[is] >> 4) * xsum;
         }
       }
+      acc = fma1(static_cast<float>(sum), d * (x[k].d * kQ23KCodeScaleInverse[shift]), acc);
+      if constexpr (!kQ3) acc = fma1(-static_cast<float>(mins), _cvtsh_ss(wb.dmin) * x[k].d, acc);
+    }
     return acc;
   }
 };

@@ -316,7 +316,6 @@ constexpr PanelField kQ2KPanel[] = {
 };
 constexpr PanelField kQ3KPanel[] = {
     {0, offsetof(BlockQ3_K, qs), 4, 16},
-    {kQ3KPanelHmask, offsetof(BlockQ3_K, hmask), 4, 8},
     {kQ3KPanelScales, offsetof(BlockQ3_K, scales), 4, 3},
     {kQ3KPanelD, offsetof(BlockQ3_K, d), 2, 1},
 };
@@ -326,7 +325,7 @@ constexpr PanelField kIQ4XSPanel[] = {
     {kIQ4XSPanelScalesH, offsetof(BlockIQ4_XS, scales_h), 2, 1},
     {kIQ4XSPanelD, offsetof(BlockIQ4_XS, d), 2, 1},
 };
-// (q6_K's values are moved by move_q6_k_codes.)
+// (q3_K's hmask is moved by move_q3_k_high_bits, q6_K's values by move_q6_k_codes.)
 constexpr PanelField kQ6KPanel[] = {
     {kQ6KPanelScales, offsetof(BlockQ6_K, scales), 4, 4},
     {kQ6KPanelD, offsetof(BlockQ6_K, d), 2, 1},
@@ -382,11 +381,32 @@ void move_q6_k_codes(Panel* panel, int r, uint8_t* block) {
   }
 }
 
+// Moves row r's q3_K high bits between its hmask and the panel's masks
+// (k_quants.h): bit 4r + i of mask 8 (4c + j) + 4h + v is bit 4c + j of
+// hmask[16h + 4v + i].
+template <bool kPack, typename Panel>
+void move_q3_k_high_bits(Panel* panel, int r, uint8_t* block) {
+  uint8_t* hmask = block + offsetof(BlockQ3_K, hmask);
+  if constexpr (!kPack) std::memset(hmask, 0, 32);
+  for (int bit = 0; bit < 8; ++bit)  // (4c + j)
+    for (int l = 0; l < 32; ++l) {   // (16h + 4v + i)
+      const int mask = 8 * bit + l / 4, n = 4 * r + l % 4;
+      Panel* at = panel + kQ3KPanelHmask + 8 * mask + n / 8;
+      if constexpr (kPack) {
+        const int value = (hmask[l] >> bit) & 1;
+        *at = static_cast<uint8_t>((*at & ~(1 << (n % 8))) | (value << (n % 8)));
+      } else {
+        hmask[l] = static_cast<uint8_t>(hmask[l] | (((*at >> (n % 8)) & 1) << bit));
+      }
+    }
+}
+
 // Moves row r's block between its plain bytes and a panel block (kPack:
 // plain to panel; otherwise back).
 template <bool kPack, typename Panel>
 void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
   if (t == DType::kQ6_K) move_q6_k_codes<kPack>(panel, r, block);
+  if (t == DType::kQ3_K) move_q3_k_high_bits<kPack>(panel, r, block);
   for (const PanelField& f : panel_fields(t)) {
     for (int i = 0; i < f.count; ++i) {
       Panel* at = panel + f.panel_at + 64 * i + f.bytes * r;

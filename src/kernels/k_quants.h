@@ -148,8 +148,11 @@ void iq4_xs_values(const BlockIQ4_XS& b, uint8_t* q);
 //  - q2_K and q3_K: first 16 vectors of qs (vector 8c + 4h + v holds column
 //    v of 16-element half h of elements 128c..128c+127, in the four bit
 //    pairs of its bytes, one per 32 elements); then q2_K: 4 vectors of
-//    scales, the 16 d, the 16 dmin; q3_K: 8 vectors of hmask (vector 4h + v
-//    the same columns), 3 of scales, the 16 d;
+//    scales, the 16 d, the 16 dmin; q3_K: 64 masks of 8 bytes (mask 8k +
+//    4h + v, k = 4c + j, holds at bit 4r + i the high bit of the code at
+//    byte 4r + i, bit pair j of qs vector 8c + 4h + v, so that one mask
+//    register takes a vector of codes' high bits), 3 vectors of scales, the
+//    16 d;
 //  - iq4_xs: first 32 vectors of qs (vector 4j + v: column v of sub-block
 //    j in the low nibbles, column 4 + v in the high ones), then scales_l,
 //    the 16 scales_h, the 16 d.

@@ -1082,86 +1082,136 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
 }
 
 // q2_K's and q3_K's panel tile (panels: k_quants.h): G groups of 16 rows x
-// T tokens. Per 16-element half h of activation block k = 4c + j (sub-block
-// 2k + h), each lane's exact integer dot product of its row's codes (bit
-// pair j of the half's qs vectors; q3_K adds bit 4c + j of its hmask
-// vectors as bit 2, and starts at -4 times the half's sum(x)), then one
-// FMA with (d * scale) * dx and, for q2_K, one of -(dmin * min) with dx *
-// sum(x) of the half: the steps of Q23KPanelRow.
+// T tokens. Per activation block k = 4c + j (sub-blocks 2k and 2k + 1, one
+// per 16-element half h), each lane's exact integer sum over the block of
+// scale * code * x, then one FMA with d * dx; q2_K adds one of -(dmin * dx)
+// with the integer sum over the halves of min * sum(x). These are
+// Q23KPanelRow's integers and float steps.
+//  - Codes are taken where they lie in the plane's bytes (bit pair j masked
+//    in place, for q3_K with its high bit added above from a mask), so
+//    they come out times kQ23KCodeScale[type][j]; dx is taken times its
+//    inverse (a power of two: the same products).
+//  - q2_K's two scale and min bytes come out of one byte shuffle; q3_K's 16
+//    scales are unpacked into bytes once per block.
 template <DType kType, int G, int T>
 inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr bool kQ3 = kType == DType::kQ3_K;
   constexpr int64_t kPanelBytes = kPanelRows * static_cast<int64_t>(kQ3 ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K));
   constexpr int64_t kStepBytes = kPanelBytes / 8;  // (fetched per activation block)
+  constexpr auto& kCodeShift = kQ23KCodeShift[kQ3 ? 1 : 0];
   BlockPanelTile<G, T> tile(a, g0, t0, job);
   const auto& x = tile.x;
   const auto& xs = tile.xs;
   __m512 acc[G][T];
   zero(acc);
   const int64_t n_super = a.k / kSuperBlock;
-  const __m512i low2 = _mm512_set1_epi8(3);
   const __m512i low4_32 = _mm512_set1_epi32(0x0F);
   for (int64_t s = 0; s < n_super; ++s) {
     const int64_t off = s * kPanelBytes;
     __m512 d[G], dmin[G];
+    // q3_K: scale 4m + i (minus 32) of each row in byte i of its lane of scales[g][m].
+    [[maybe_unused]] __m512i scales[G][4];
     for (int g = 0; g < G; ++g) {
       d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile.at(g, off + (kQ3 ? kQ3KPanelD : kQ2KPanelD)))));
-      if constexpr (!kQ3)
+      if constexpr (!kQ3) {
         dmin[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile.at(g, off + kQ2KPanelDmin))));
+      } else {
+        // Scale is: low 4 bits from byte is % 8 (nibble is / 8), high 2 from
+        // byte 8 + is % 4 (bits 2 (is / 4)).
+        const __m512i low0 = _mm512_loadu_si512(tile.at(g, off + kQ3KPanelScales));
+        const __m512i low1 = _mm512_loadu_si512(tile.at(g, off + kQ3KPanelScales + 64));
+        const __m512i high = _mm512_loadu_si512(tile.at(g, off + kQ3KPanelScales + 128));
+        const __m512i nibble = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30), minus = _mm512_set1_epi8(32);
+        const __m512i lows[4] = {low0, low1, _mm512_srli_epi16(low0, 4), _mm512_srli_epi16(low1, 4)};
+        const __m512i highs[4] = {_mm512_slli_epi16(high, 4), _mm512_slli_epi16(high, 2), high, _mm512_srli_epi16(high, 2)};
+        for (int m = 0; m < 4; ++m)  // (lows & 0x0F) | (highs & 0x30), minus 32
+          scales[g][m] = _mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_and_si512(lows[m], nibble), highs[m], bits45, 0xF8), minus);
+      }
     }
-    for (int k = 0; k < 8; ++k) {
+    // (Unrolled: with k a variable, a block's offsets and masks took more
+    // instructions than its products.)
+    unrolled<8>([&](auto k_constant) {
+      constexpr int k = k_constant, c = k / 4, j = k % 4;
       tile.fetch(off + k * kStepBytes, kStepBytes);
-      const int c = k / 4, j = k % 4;
-      for (int h = 0; h < 2; ++h) {
-        const int is = 2 * k + h;
-        int32_t half[T];
-        for (int t = 0; t < T; ++t) {
-          const int32_t first = first_half_sum(x[t][8 * s + k]);
-          half[t] = h == 0 ? first : xs[t][8 * s + k] - first;
+      // Each token's sum(x) over the two halves.
+      int32_t half[T][2];
+      for (int t = 0; t < T; ++t) {
+        half[t][0] = first_half_sum(x[t][8 * s + k]);
+        half[t][1] = xs[t][8 * s + k] - half[t][0];
+      }
+      // Each group's scales of the two halves (int32 lanes), and q2_K's
+      // mins in the two 16-bit halves of each lane.
+      __m512i sc[G][2];
+      [[maybe_unused]] __m512i mins[G];
+      for (int g = 0; g < G; ++g) {
+        if constexpr (kQ3) {
+          for (int h = 0; h < 2; ++h) {
+            const int is = 2 * k + h, i = is % 4;  // (byte i of scales[g][is / 4], sign-extended)
+            sc[g][h] = _mm512_srai_epi32(i == 3 ? scales[g][is / 4] : _mm512_slli_epi32(scales[g][is / 4], 24 - 8 * i), 24);
+          }
+        } else {
+          // Bytes 2k % 4 and 2k % 4 + 1 of each lane (sub-blocks 2k and
+          // 2k + 1) to bytes 0 and 2, zeros between.
+          constexpr uint32_t b = 2 * (k % 2);
+          const __m512i pick = _mm512_set1_epi32(static_cast<int32_t>(0x80008000u | b | (b + 1) << 16));
+          const __m512i lane_base = _mm512_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8,
+                                                    4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0,
+                                                    12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
+          const __m512i bytes = _mm512_shuffle_epi8(_mm512_loadu_si512(tile.at(g, off + kQ2KPanelScales + 64 * (k / 2))),
+                                                    _mm512_or_si512(pick, lane_base));
+          sc[g][0] = _mm512_and_si512(bytes, low4_32);
+          sc[g][1] = _mm512_and_si512(_mm512_srli_epi32(bytes, 16), low4_32);
+          mins[g] = _mm512_srli_epi16(bytes, 4);
         }
+      }
+      // Where code j lies in a plane byte: bits 2j, 2j + 1 (q3_K's fourth
+      // code moved down to bits 2, 3), q3_K's high bit just above.
+      constexpr int kLow = 2 * j - (kQ3 && j == 3 ? 4 : 0);
+      const __m512i low_mask = _mm512_set1_epi8(static_cast<char>(3 << kLow));
+      __m512i sum[G][T];
+      for (int h = 0; h < 2; ++h) {
         __m512i dot[G][T];
         for (int g = 0; g < G; ++g)
-          for (int t = 0; t < T; ++t) dot[g][t] = kQ3 ? _mm512_set1_epi32(-4 * half[t]) : _mm512_setzero_si512();
+          for (int t = 0; t < T; ++t)
+            dot[g][t] = kQ3 ? _mm512_set1_epi32(-4 * half[t][h] * (1 << kCodeShift[j])) : _mm512_setzero_si512();
         for (int v = 0; v < 4; ++v) {
           __m512i xc[T];
           for (int t = 0; t < T; ++t) xc[t] = x_column(x[t][8 * s + k], 4 * h + v);
           for (int g = 0; g < G; ++g) {
-            __m512i codes = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(tile.at(g, off + 64 * (8 * c + 4 * h + v))), 2 * j), low2);
+            __m512i plane = _mm512_loadu_si512(tile.at(g, off + 64 * (8 * c + 4 * h + v)));
+            if constexpr (kLow != 2 * j) plane = _mm512_srli_epi16(plane, 4);
+            __m512i codes;
             if constexpr (kQ3) {
-              // Bit 4c + j of each hmask byte to bit 2 (16-bit shifts: what
-              // crosses a byte is masked off).
-              const __m512i hm = _mm512_loadu_si512(tile.at(g, off + kQ3KPanelHmask + 64 * (4 * h + v)));
-              const int bit = 4 * c + j;
-              const __m512i high = bit >= 2 ? _mm512_srli_epi16(hm, bit - 2) : _mm512_slli_epi16(hm, 2 - bit);
-              codes = _mm512_ternarylogic_epi32(codes, high, _mm512_set1_epi8(0x04), 0xF8);  // codes | (high & 4)
+              // The high bits, as bit kLow + 2 of the codes they mark.
+              uint64_t bits;
+              std::memcpy(&bits, tile.at(g, off + kQ3KPanelHmask + 8 * (8 * k + 4 * h + v)), 8);
+              const __m512i high = _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(static_cast<char>(1 << (kLow + 2))));
+              codes = _mm512_ternarylogic_epi32(plane, low_mask, high, 0xEA);  // (plane & low_mask) | high
+            } else {
+              codes = _mm512_and_si512(plane, low_mask);
             }
             for (int t = 0; t < T; ++t) dot[g][t] = _mm512_dpbusd_epi32(dot[g][t], codes, xc[t]);
           }
         }
-        for (int g = 0; g < G; ++g) {
-          __m512 dsc;
-          [[maybe_unused]] __m512 dmm;
-          if constexpr (kQ3) {
-            // Scale is: low 4 bits from byte is % 8 (nibble is / 8), high 2
-            // from byte 8 + is % 4 (bits 2 (is / 4)), minus 32.
-            const __m512i lo = _mm512_srli_epi32(_mm512_loadu_si512(tile.at(g, off + kQ3KPanelScales + 64 * ((is % 8) / 4))),
-                                                 8 * (is % 4) + 4 * (is / 8));
-            const __m512i hi = _mm512_srli_epi32(_mm512_loadu_si512(tile.at(g, off + kQ3KPanelScales + 128)), 8 * (is % 4) + 2 * (is / 4));
-            const __m512i sc = _mm512_or_si512(_mm512_and_si512(lo, low4_32), _mm512_slli_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(3)), 4));
-            dsc = _mm512_mul_ps(d[g], _mm512_cvtepi32_ps(_mm512_sub_epi32(sc, _mm512_set1_epi32(32))));
-          } else {
-            const __m512i b = _mm512_srli_epi32(_mm512_loadu_si512(tile.at(g, off + kQ2KPanelScales + 64 * (is / 4))), 8 * (is % 4));
-            dsc = _mm512_mul_ps(d[g], _mm512_cvtepi32_ps(_mm512_and_si512(b, low4_32)));
-            dmm = _mm512_mul_ps(dmin[g], _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, 4), low4_32)));
-          }
+        for (int g = 0; g < G; ++g)
           for (int t = 0; t < T; ++t) {
-            const float dx = x[t][8 * s + k].d;
-            acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[g][t]), _mm512_mul_ps(dsc, _mm512_set1_ps(dx)), acc[g][t]);
-            if constexpr (!kQ3) acc[g][t] = _mm512_fnmadd_ps(dmm, _mm512_set1_ps(dx * static_cast<float>(half[t])), acc[g][t]);
+            const __m512i scaled = _mm512_mullo_epi32(dot[g][t], sc[g][h]);
+            sum[g][t] = h == 0 ? scaled : _mm512_add_epi32(sum[g][t], scaled);
           }
+      }
+      for (int t = 0; t < T; ++t) {
+        const float dx = x[t][8 * s + k].d;
+        const __m512 dot_scale = _mm512_set1_ps(dx * kQ23KCodeScaleInverse[kCodeShift[j]]);
+        [[maybe_unused]] const __m512i half_sums = _mm512_set1_epi32(static_cast<int32_t>(
+            (static_cast<uint32_t>(half[t][0]) & 0xFFFF) | static_cast<uint32_t>(half[t][1]) << 16));
+        for (int g = 0; g < G; ++g) {
+          acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[g][t]), _mm512_mul_ps(d[g], dot_scale), acc[g][t]);
+          if constexpr (!kQ3)
+            acc[g][t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(mins[g], half_sums)),
+                                         _mm512_mul_ps(dmin[g], _mm512_set1_ps(dx)), acc[g][t]);
         }
       }
-    }
+    });
   }
   store_panel_tile(a, g0, t0, job, acc);
 }
