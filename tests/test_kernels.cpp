@@ -282,23 +282,27 @@ TEST(Kernels, LowBitQuantizersKeepTheRowsErrorSmall) {
 // inside a group.
 // A panel block of 16 rows' blocks gives each row's block back byte for
 // byte, and depends on nothing but those blocks (every panel byte written,
-// including those of q3_K's high-bit masks, which are set bit by bit).
+// including those of the bit masks of q3_K's high bits and q5_0's and
+// q5_1's fifth bits, which are set bit by bit).
 TEST(Kernels, PanelBlocksGiveBackTheBlocksTheyWerePackedFrom) {
   std::mt19937 rng(7);
   for (DType t : kAllTypes) {
-    if (!has_k_quant_panels(t)) continue;
+    const bool k_quant = has_k_quant_panels(t);
+    if (!k_quant && !has_legacy_panels(t)) continue;
+    const auto pack = k_quant ? pack_k_quant_panel : pack_legacy_panel;
+    const auto unpack = k_quant ? unpack_k_quant_panel_row : unpack_legacy_panel_row;
     const size_t bytes = dtype_block_bytes(t);
     std::vector<uint8_t> blocks(16 * bytes);
     for (uint8_t& b : blocks) b = static_cast<uint8_t>(rng());
     const uint8_t* rows[16];
     for (int r = 0; r < 16; ++r) rows[r] = blocks.data() + static_cast<size_t>(r) * bytes;
     std::vector<uint8_t> zeros(16 * bytes, 0x00), ones(16 * bytes, 0xFF);
-    pack_k_quant_panel(t, rows, zeros.data());
-    pack_k_quant_panel(t, rows, ones.data());
+    pack(t, rows, zeros.data());
+    pack(t, rows, ones.data());
     EXPECT_EQ(zeros, ones) << dtype_name(t) << ": a panel byte kept what was there before";
     for (int r = 0; r < 16; ++r) {
       std::vector<uint8_t> back(bytes, 0xA5);
-      unpack_k_quant_panel_row(t, zeros.data(), r, back.data());
+      unpack(t, zeros.data(), r, back.data());
       EXPECT_EQ(std::memcmp(back.data(), rows[r], bytes), 0) << dtype_name(t) << " row " << r;
     }
   }

@@ -834,12 +834,19 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
       for (int g = 0; g < G; ++g) {
         const uint8_t* pb = tile.at(g, off);
         const __m512i packed = _mm512_loadu_si512(pb + l.qs + 64 * j);
-        __m512i lo = _mm512_and_si512(packed, low4);
-        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+        __m512i lo, hi;
         if constexpr (l.qh >= 0) {
-          const __m512i fifth = _mm512_loadu_si512(pb + l.qh);
-          lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(fifth, 4 - j), bit4));
-          hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(fifth, j), bit4));
+          // Bit 4 of each code from its mask: masks j and 4 + j mark the
+          // low and high nibbles.
+          uint64_t lo_bits, hi_bits;
+          std::memcpy(&lo_bits, pb + l.qh + 8 * j, 8);
+          std::memcpy(&hi_bits, pb + l.qh + 8 * (4 + j), 8);
+          lo = _mm512_ternarylogic_epi32(packed, low4, _mm512_maskz_mov_epi8(_cvtu64_mask64(lo_bits), bit4), 0xEA);
+          hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(packed, 4), low4, _mm512_maskz_mov_epi8(_cvtu64_mask64(hi_bits), bit4),
+                                         0xEA);  // (nibble & 0x0F) | fifth
+        } else {
+          lo = _mm512_and_si512(packed, low4);
+          hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
         }
         if constexpr (F::kType == DType::kIQ4_NL) {
           lo = _mm512_shuffle_epi8(levels, lo);

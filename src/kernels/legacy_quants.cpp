@@ -81,19 +81,21 @@ void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
   if (p.m >= 0) move(p.m + 2 * r, 2, 2);
   for (int j = 0; j < l.qs_bytes / 4; ++j) move(p.qs + 64 * j + 4 * r, l.qs + 4 * j, 4);
   if (p.qh < 0) return;
-  Panel* bits = panel + p.qh + 4 * r;
+  // Element 4c + i's fifth bit: bit n = 4r + i of mask c.
   uint32_t qh = 0;
-  if constexpr (kPack) {
-    std::memcpy(&qh, block + l.qh, 4);
+  if constexpr (kPack) std::memcpy(&qh, block + l.qh, 4);
+  for (int c = 0; c < 8; ++c)
     for (int i = 0; i < 4; ++i) {
-      bits[i] = 0;
-      for (int c = 0; c < 8; ++c) bits[i] = static_cast<uint8_t>(bits[i] | (((qh >> (4 * c + i)) & 1u) << c));
+      const int n = 4 * r + i;
+      Panel* byte = panel + p.qh + 8 * c + n / 8;
+      if constexpr (kPack) {
+        const uint32_t bit = (qh >> (4 * c + i)) & 1u;
+        *byte = static_cast<uint8_t>((*byte & ~(1u << (n % 8))) | (bit << (n % 8)));
+      } else {
+        qh |= static_cast<uint32_t>((*byte >> (n % 8)) & 1u) << (4 * c + i);
+      }
     }
-  } else {
-    for (int i = 0; i < 4; ++i)
-      for (int c = 0; c < 8; ++c) qh |= static_cast<uint32_t>((bits[i] >> c) & 1u) << (4 * c + i);
-    std::memcpy(block + l.qh, &qh, 4);
-  }
+  if constexpr (!kPack) std::memcpy(block + l.qh, &qh, 4);
 }
 
 }  // namespace

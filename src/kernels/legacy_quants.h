@@ -64,7 +64,9 @@ void unpack_legacy_block(DType t, const uint8_t* block, LegacyBlock* out);
 // as one "panel block" of the 16 rows' blocks, the same bytes rearranged so
 // that one 64-byte load serves all 16 rows:
 //   the 16 rows' d (f16), then their m (types with a min), then 64 bytes of
-//   fifth bits (5-bit types; byte 4r+i, bit c: element 4c+i of row r), then
+//   fifth bits (5-bit types: 8 masks of 64 bits, bit 4r+i of mask c the
+//   fifth bit of row r's element 4c+i, so that one mask register marks
+//   the codes of a vector of nibbles), then
 //   4 x 64 bytes of nibbles (vector j, byte 4r+i: row r's qs[4j+i], so its
 //   low nibbles are elements 4j..4j+3 of each row and its high nibbles
 //   elements 16+4j..). q8_0's panel block is the 16 d, then 8 x 64 bytes
