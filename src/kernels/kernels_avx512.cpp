@@ -1096,7 +1096,7 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
 // Q23KPanelRow's integers and float steps.
 //  - Codes are taken where they lie in the plane's bytes (bit pair j masked
 //    in place, for q3_K with its high bit added above from a mask), so
-//    they come out times kQ23KCodeScale[type][j]; dx is taken times its
+//    they come out times 2^kQ23KCodeShift[q3][j]; dx is taken times its
 //    inverse (a power of two: the same products).
 //  - q2_K's two scale and min bytes come out of one byte shuffle; q3_K's 16
 //    scales are unpacked into bytes once per block.
