@@ -271,15 +271,6 @@ TEST(Kernels, LowBitQuantizersKeepTheRowsErrorSmall) {
   }
 }
 
-// The interleaved layouts (matmul.h) only move bytes. Chunk groups (the
-// block types in AVX2's layout) give bitwise
-// the products of plain rows in every variant. Panels (f32, f16, bf16; q8_0,
-// the 32-element types, the K types in AVX-512's
-// layout) do in the scalar reference, whose order is the same for every
-// layout, and agree within the rounding bound in the vector variants, whose
-// panel tiles reduce in one chain over k (or k pairs, or blocks); the block
-// types' panels give bitwise the same in AVX2 as in AVX-512. Row ranges start or end
-// inside a group.
 // A panel block of 16 rows' blocks gives each row's block back byte for
 // byte, and depends on nothing but those blocks (every panel byte written,
 // including those of the bit masks of q3_K's high bits and q5_0's and
@@ -339,6 +330,15 @@ TEST(Kernels, InterleavingInSlicesWritesTheSameBytes) {
   }
 }
 
+// The interleaved layouts (matmul.h) only move bytes. Chunk groups (the
+// block types in AVX2's layout) give bitwise
+// the products of plain rows in every variant. Panels (f32, f16, bf16; q8_0,
+// the 32-element types, the K types in AVX-512's
+// layout) do in the scalar reference, whose order is the same for every
+// layout, and agree within the rounding bound in the vector variants, whose
+// panel tiles reduce in one chain over k (or k pairs, or blocks); the block
+// types' panels give bitwise the same in AVX2 as in AVX-512. Row ranges start or end
+// inside a group.
 TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
   for (DType t : kAllTypes) {
     for (Isa layout_isa : supported_isas()) {

@@ -468,15 +468,15 @@ using Q5KPanelRow = Q45KPanelRow<Dot, DType::kQ5_K, BlockQ5_K>;
 // q2_K's and q3_K's codes as their AVX-512 tile reads them: code j of a
 // plane byte masked where it lies (bits 2j, 2j + 1; q3_K's fourth at bits
 // 2, 3, with its high bit above) is the code times 2^kQ23KCodeShift[q3][j],
-// so the block's float step takes dx times kQ23KCodeScaleInverse[shift] (a
+// so the block's float step takes dx times code_scale_inverse(shift) (a
 // power of two: exact, the same product).
 constexpr int kQ23KCodeShift[2][4] = {{0, 2, 4, 6}, {0, 2, 4, 2}};
-constexpr float kQ23KCodeScaleInverse[7] = {1.0f, 0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
+constexpr float code_scale_inverse(int shift) { return 1.0f / static_cast<float>(1 << shift); }
 
 // q2_K and q3_K: per activation block k = 4c + j (sub-blocks 2k and 2k + 1,
 // its halves h), the exact integer sum of scale * code * x (q3_K: code - 4)
 // times 2^kQ23KCodeShift[q3][j], then one FMA with d * (dx *
-// kQ23KCodeScaleInverse[shift]); q2_K then one of -(dmin * dx) with the
+// code_scale_inverse(shift)); q2_K then one of -(dmin * dx) with the
 // integer sum over the halves of min * sum(x) (tile_q23_k_panel's steps).
 template <DType kType, typename Block>
 struct Q23KPanelRow : KQuantPanelRow<kType, Block> {
@@ -507,7 +507,7 @@ struct Q23KPanelRow : KQuantPanelRow<kType, Block> {
           mins += (wb.scales[is] >> 4) * xsum;
         }
       }
-      acc = fma1(static_cast<float>(sum), d * (x[k].d * kQ23KCodeScaleInverse[shift]), acc);
+      acc = fma1(static_cast<float>(sum), d * (x[k].d * code_scale_inverse(shift)), acc);
       if constexpr (!kQ3) acc = fma1(-static_cast<float>(mins), _cvtsh_ss(wb.dmin) * x[k].d, acc);
     }
     return acc;

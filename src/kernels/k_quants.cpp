@@ -1,6 +1,7 @@
 #include "kernels/k_quants.h"
 
 #include "kernels/legacy_quants.h"
+#include "kernels/panel_masks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -390,13 +391,12 @@ void move_q3_k_high_bits(Panel* panel, int r, uint8_t* block) {
   if constexpr (!kPack) std::memset(hmask, 0, 32);
   for (int bit = 0; bit < 8; ++bit)  // (4c + j)
     for (int l = 0; l < 32; ++l) {   // (16h + 4v + i)
-      const int mask = 8 * bit + l / 4, n = 4 * r + l % 4;
-      Panel* at = panel + kQ3KPanelHmask + 8 * mask + n / 8;
+      Panel* mask = panel + kQ3KPanelHmask + 8 * (8 * bit + l / 4);
+      const int n = 4 * r + l % 4;
       if constexpr (kPack) {
-        const int value = (hmask[l] >> bit) & 1;
-        *at = static_cast<uint8_t>((*at & ~(1 << (n % 8))) | (value << (n % 8)));
+        set_panel_mask_bit(mask, n, (hmask[l] >> bit) & 1);
       } else {
-        hmask[l] = static_cast<uint8_t>(hmask[l] | (((*at >> (n % 8)) & 1) << bit));
+        hmask[l] = static_cast<uint8_t>(hmask[l] | (panel_mask_bit(mask, n) << bit));
       }
     }
 }

@@ -1208,7 +1208,7 @@ inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
       }
       for (int t = 0; t < T; ++t) {
         const float dx = x[t][8 * s + k].d;
-        const __m512 dot_scale = _mm512_set1_ps(dx * kQ23KCodeScaleInverse[kCodeShift[j]]);
+        const __m512 dot_scale = _mm512_set1_ps(dx * code_scale_inverse(kCodeShift[j]));
         [[maybe_unused]] const __m512i half_sums = _mm512_set1_epi32(static_cast<int32_t>(
             (static_cast<uint32_t>(half[t][0]) & 0xFFFF) | static_cast<uint32_t>(half[t][1]) << 16));
         for (int g = 0; g < G; ++g) {

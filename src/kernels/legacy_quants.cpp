@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/panel_masks.h"
 #include "util/error.h"
 #include "util/fp16.h"
 
@@ -86,13 +87,11 @@ void move_panel_row(DType t, Panel* panel, int r, uint8_t* block) {
   if constexpr (kPack) std::memcpy(&qh, block + l.qh, 4);
   for (int c = 0; c < 8; ++c)
     for (int i = 0; i < 4; ++i) {
-      const int n = 4 * r + i;
-      Panel* byte = panel + p.qh + 8 * c + n / 8;
+      Panel* mask = panel + p.qh + 8 * c;
       if constexpr (kPack) {
-        const uint32_t bit = (qh >> (4 * c + i)) & 1u;
-        *byte = static_cast<uint8_t>((*byte & ~(1u << (n % 8))) | (bit << (n % 8)));
+        set_panel_mask_bit(mask, 4 * r + i, static_cast<int>((qh >> (4 * c + i)) & 1u));
       } else {
-        qh |= static_cast<uint32_t>((*byte >> (n % 8)) & 1u) << (4 * c + i);
+        qh |= static_cast<uint32_t>(panel_mask_bit(mask, 4 * r + i)) << (4 * c + i);
       }
     }
   if constexpr (!kPack) std::memcpy(block + l.qh, &qh, 4);
