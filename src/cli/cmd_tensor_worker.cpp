@@ -141,6 +141,10 @@ class LinkChannel : public WorkerChannel {
     return m;
   }
   void reply(int64_t step, ReplyKind kind, std::span<const uint8_t> payload) override {
+    // The status goes first, so the core never holds a status older than
+    // the last reply it read (a heartbeat alone can lag by kHeartbeatMs,
+    // and a report would show a collective the worker has long left).
+    beat();
     link_.send(static_cast<uint32_t>(kind), step, payload, 10000);
   }
   WorkerStatus& status() override { return status_; }
