@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -149,6 +150,10 @@ class LinkChannel : public WorkerChannel {
   }
   WorkerStatus& status() override { return status_; }
   void beat() override {
+    // Encoded and sent under one lock (the status thread and the step loop
+    // both beat): otherwise a status read before a step's end could be sent
+    // after the one sent with its reply, and the core's copy would go back.
+    std::lock_guard<std::mutex> lock(beat_mu_);
     try {
       link_.send(static_cast<uint32_t>(LinkKind::kStatus), 0, encode_status(status_, monotonic_ns()), 1000);
     } catch (const std::exception&) {
@@ -160,6 +165,7 @@ class LinkChannel : public WorkerChannel {
   TensorLink& link_;
   uint64_t max_step_bytes_;
   WorkerStatus status_;
+  std::mutex beat_mu_;
 };
 
 // A worker with its own share of the pool repeats the copies the engine made
