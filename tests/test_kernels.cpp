@@ -344,7 +344,12 @@ TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
     for (Isa layout_isa : supported_isas()) {
       const InterleavedLayout layout = interleaved_layout(t, layout_isa);
       const bool panel = is_panel_layout(t, layout.group);
-      EXPECT_EQ(panel, is_float_dtype(t) || (has_block_panels(t) && layout_isa == Isa::kAvx512)) << dtype_name(t);
+      // AVX2 has panel tiles for the 4- and 5-bit legacy types, q4_K, q5_K and q6_K.
+      const bool avx2_panels = t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
+                               t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+      EXPECT_EQ(panel, is_float_dtype(t) || (has_block_panels(t) && (layout_isa == Isa::kAvx512 ||
+                                                                      (layout_isa == Isa::kAvx2 && avx2_panels))))
+          << dtype_name(t) << " " << isa_name(layout_isa);
       EXPECT_EQ(layout.group, panel ? kPanelRows : 8);
       for (int64_t rows : {16, 48, 80}) {  // (80 on panels: a decode tile of 4 groups, then one of 1)
         for (int64_t cols : {32, 96, 256}) {

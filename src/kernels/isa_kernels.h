@@ -126,6 +126,14 @@ inline const char* prefetch_address(const void* p, int64_t ahead) {
   return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(ahead));
 }
 
+// A prefetch into L1 of byte `offset` of a group's stream that starts at
+// row; past the group's end (group_bytes), `skip` more bytes on (over the
+// other groups a tile streams beside it, to the next tile's matching group).
+inline void prefetch_ahead(const uint8_t* row, int64_t offset, int64_t group_bytes, int64_t skip) {
+  if (offset >= group_bytes) offset += skip;
+  __builtin_prefetch(prefetch_address(row, offset), 0, 3);
+}
+
 // The byte at `byte` of row r, in any layout.
 inline const uint8_t* weight_byte(const GemmArgs& a, int64_t r, int64_t byte) {
   const int64_t c = a.w_chunk_bytes;

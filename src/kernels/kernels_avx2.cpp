@@ -112,6 +112,28 @@ struct PanelBf16 {
   }
 };
 
+// A panel tile's sums: token t0 + t of group g0 + g's rows 0-7 in
+// acc[g][0][t] and 8-15 in acc[g][1][t]; the rows the job stores.
+template <int G, int T>
+inline void store_panel_tile(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job,
+                             const __m256 (&acc)[G][2][T]) {
+  for (int g = 0; g < G; ++g) {
+    const auto [lo, hi] = stored_rows(job, g0 + g);
+    for (int t = 0; t < T; ++t) {
+      float* y = a.y + (t0 + t) * a.ldy + (g0 + g) * kPanelRows;
+      if (lo == 0 && hi == kPanelRows) {
+        _mm256_storeu_ps(y, acc[g][0][t]);
+        _mm256_storeu_ps(y + 8, acc[g][1][t]);
+      } else {
+        alignas(32) float buf[kPanelRows];
+        _mm256_store_ps(buf, acc[g][0][t]);
+        _mm256_store_ps(buf + 8, acc[g][1][t]);
+        for (int64_t r = lo; r < hi; ++r) y[r] = buf[r];
+      }
+    }
+  }
+}
+
 template <typename P, int G, int T>
 inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   __m256 acc[G][2][T];
@@ -145,21 +167,7 @@ inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTil
         for (int h = 0; h < 2; ++h) acc[g][h][t] = _mm256_fmadd_ps(wv[g][h], b, acc[g][h][t]);
     }
   }
-  for (int g = 0; g < G; ++g) {
-    const auto [lo, hi] = stored_rows(job, g0 + g);
-    for (int t = 0; t < T; ++t) {
-      float* y = a.y + (t0 + t) * a.ldy + (g0 + g) * kPanelRows;
-      if (lo == 0 && hi == kPanelRows) {
-        _mm256_storeu_ps(y, acc[g][0][t]);
-        _mm256_storeu_ps(y + 8, acc[g][1][t]);
-      } else {
-        alignas(32) float buf[kPanelRows];
-        _mm256_store_ps(buf, acc[g][0][t]);
-        _mm256_store_ps(buf + 8, acc[g][1][t]);
-        for (int64_t r = lo; r < hi; ++r) y[r] = buf[r];
-      }
-    }
-  }
+  store_panel_tile(a, g0, t0, job, acc);
 }
 
 template <typename P>
@@ -348,6 +356,7 @@ struct Vec {
 }  // namespace
 }  // namespace tandem::kernels
 
+#include "kernels/block_panel_tile.h"
 #include "kernels/k_quant_tiles.h"
 #include "kernels/legacy_quant_tiles.h"
 #include "kernels/vector_algorithms.h"
@@ -362,9 +371,334 @@ struct DotLanes {
   }
 };
 
+// The block panels' decode tiles of one group (one stream a thread) fetch
+// it this far ahead, as AVX-512's (kernels_avx512.cpp); tiles of several,
+// each stream kBlockPanelStreamPrefetchBytes ahead.
+constexpr int64_t kBlockPanelPrefetchBytes = 6144;
+constexpr int64_t kBlockPanelStreamPrefetchBytes = 2048;
+template <int G, int T>
+using BlockPanelTile = BlockPanelTileWith<G, T, kBlockPanelPrefetchBytes, kBlockPanelStreamPrefetchBytes>;
+
+// Four activations at column c (elements 4c..4c+3) of a block, broadcast.
+inline __m256i x_column(const BlockQ8_0Act& x, int c) {
+  int32_t v;
+  std::memcpy(&v, x.qs + 4 * c, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// The panel tile of the 32-element types whose codes are below 32 (q4_0,
+// q4_1, q5_0, q5_1; panels: legacy_quants.h): AVX-512's tile_legacy_panel
+// with vpmaddubsw + vpmaddwd for vpdpbusd. A 64-byte vector of 16 rows' 4
+// codes at one column is two halves of 8 rows. Per half, the u8 code x s8
+// activation pairs (each at most 2 * 31 * 127 in magnitude) are summed in
+// 16-bit lanes over as many columns as cannot overflow (4-bit codes: all 8
+// of a block, 8 * 3810 < 2^15; 5-bit: 4, 4 * 7874), then widened into each
+// row's int32 sum, which starts at -offset * sum(x): the exact integer
+// AVX-512 computes, followed by the same float steps, so both variants give
+// the same bits. Against the chunk-group tiles (per row and block: unpack,
+// a dot product, a conversion, a scale and an FMA), a block's float steps
+// cost once per 8 rows.
+template <typename F, int G, int T>
+inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr int64_t kPanelBytes = kLegacyPanelRows * F::kBytes;
+  constexpr LegacyPanelLayout l = legacy_panel_layout(F::kType);
+  constexpr bool kFifth = l.qh >= 0;
+  constexpr int kColumnPairsPerWidening = kFifth ? 2 : 4;  // pairs (a low and a high column) summed in int16
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  const auto& x = tile.x;
+  const auto& xs = tile.xs;
+  __m256 acc[G][2][T];
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < 2; ++h)
+      for (int t = 0; t < T; ++t) acc[g][h][t] = _mm256_setzero_ps();
+  const int64_t n_blocks = a.k / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t off = b * kPanelBytes;
+    tile.fetch(off, kPanelBytes);
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* pb = tile.at(g, off);
+      for (int h = 0; h < 2; ++h) {
+        __m256i dot[T], sum16[T];
+        for (int t = 0; t < T; ++t) {
+          dot[t] = _mm256_set1_epi32(-F::kOffset * xs[t][b]);
+          sum16[t] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < 4; ++j) {
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + l.qs + 64 * j + 32 * h));
+          __m256i lo = _mm256_and_si256(packed, low4);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+          if constexpr (kFifth) {  // bit 4 from masks j and 4 + j (this half's 32 bits of each)
+            lo = _mm256_or_si256(lo, fifth_bits32(pb + l.qh + 8 * j + 4 * h));
+            hi = _mm256_or_si256(hi, fifth_bits32(pb + l.qh + 8 * (4 + j) + 4 * h));
+          }
+          for (int t = 0; t < T; ++t)
+            sum16[t] = _mm256_add_epi16(sum16[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_column(x[t][b], j)),
+                                                                   _mm256_maddubs_epi16(hi, x_column(x[t][b], 4 + j))));
+          if ((j + 1) % kColumnPairsPerWidening == 0)
+            for (int t = 0; t < T; ++t) {
+              dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(sum16[t], ones16));
+              sum16[t] = _mm256_setzero_si256();
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + l.d + 16 * h)));
+        [[maybe_unused]] __m256 m;
+        if constexpr (F::kMin) m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + l.m + 16 * h)));
+        for (int t = 0; t < T; ++t) {
+          const float dx = x[t][b].d;
+          acc[g][h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc[g][h][t]);
+          if constexpr (F::kMin)
+            acc[g][h][t] = _mm256_fmadd_ps(m, _mm256_set1_ps(dx * static_cast<float>(xs[t][b])), acc[g][h][t]);
+        }
+      }
+    }
+  }
+  store_panel_tile(a, g0, t0, job, acc);
+}
+
+template <typename F>
+struct LegacyPanelTile {
+  template <int G, int T>
+  struct Fn {
+    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) {
+      tile_legacy_panel<F, G, T>(a, g, t, job);
+    }
+  };
+};
+
+// q4_K's and q5_K's panel tile (panels: k_quants.h), AVX-512's
+// tile_q45_k_panel as tile_legacy_panel is AVX-512's: per sub-block j of 32
+// and half of 8 rows, the 4-bit codes' pairs summed in 16 bits over all 8
+// columns (5-bit: over 4), widened into each row's exact int32 dot product,
+// then the same float steps: one FMA with (d * sc_j) * dx and one of
+// -(dmin * m_j) with dx * sum(x). (Both sub-blocks of a byte at once, the
+// low and the high nibbles, measured slower: 22 -> 28 us a 1024 x 1024
+// q4_K matmul from cache.)
+template <DType kType, int G, int T>
+inline void tile_q45_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr bool kQ5 = kType == DType::kQ5_K;
+  constexpr int64_t kPanelBytes = kPanelRows * (kQ5 ? kQ5KChunkBytes : kQ4KChunkBytes);
+  constexpr int64_t kQs = kQ5 ? kQ5KPanelQs : kQ4KPanelQs;
+  constexpr int64_t kSubBlockBytes = kPanelBytes / 8;
+  constexpr int kColumnsPerWidening = kQ5 ? 4 : 8;
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  const auto& x = tile.x;
+  const auto& xs = tile.xs;
+  __m256 acc[G][2][T];
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < 2; ++h)
+      for (int t = 0; t < T; ++t) acc[g][h][t] = _mm256_setzero_ps();
+  const int64_t n_super = a.k / kSuperBlock;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i low6 = _mm256_set1_epi32(63);
+  const __m256i low4_32 = _mm256_set1_epi32(0x0F);
+  const __m256i low2_32 = _mm256_set1_epi32(3);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int64_t s = 0; s < n_super; ++s) {
+    const int64_t off = s * kPanelBytes;
+    for (int j = 0; j < 8; ++j) {
+      tile.fetch(off + j * kSubBlockBytes, kSubBlockBytes);
+      const int shift = 8 * (j % 4);
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* pb = tile.at(g, off);
+        for (int h = 0; h < 2; ++h) {
+          const auto scales = [&](int v) {
+            return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQ4KPanelScales + 64 * v + 32 * h));
+          };
+          __m256i sc, m;
+          if (j < 4) {
+            sc = _mm256_and_si256(_mm256_srli_epi32(scales(0), shift), low6);
+            m = _mm256_and_si256(_mm256_srli_epi32(scales(1), shift), low6);
+          } else {
+            const __m256i hi_sc = _mm256_and_si256(_mm256_srli_epi32(scales(0), shift + 6), low2_32);
+            const __m256i hi_m = _mm256_and_si256(_mm256_srli_epi32(scales(1), shift + 6), low2_32);
+            sc = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(scales(2), shift), low4_32), _mm256_slli_epi32(hi_sc, 4));
+            m = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(scales(2), shift + 4), low4_32), _mm256_slli_epi32(hi_m, 4));
+          }
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + 16 * h)));
+          const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + 32 + 16 * h)));
+          const __m256 dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+          const __m256 dmm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m));
+          __m256i dot[T], sum16[T];
+          for (int t = 0; t < T; ++t) dot[t] = sum16[t] = _mm256_setzero_si256();
+          for (int c = 0; c < 8; ++c) {
+            const __m256i packed =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQs + 64 * (8 * (j / 2) + c) + 32 * h));
+            __m256i codes = _mm256_and_si256(j % 2 == 0 ? packed : _mm256_srli_epi16(packed, 4), low4);
+            if constexpr (kQ5) {  // bit j of each byte of the column's qh to bit 4
+              const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQ5KPanelQh + 64 * c + 32 * h));
+              const __m256i fifth = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
+              codes = _mm256_or_si256(codes, _mm256_and_si256(fifth, _mm256_set1_epi8(0x10)));
+            }
+            for (int t = 0; t < T; ++t)
+              sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(codes, x_column(x[t][8 * s + j], c)));
+            if ((c + 1) % kColumnsPerWidening == 0)
+              for (int t = 0; t < T; ++t) {
+                dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(sum16[t], ones16));
+                sum16[t] = _mm256_setzero_si256();
+              }
+          }
+          for (int t = 0; t < T; ++t) {
+            const float dx = x[t][8 * s + j].d;
+            const __m256 dx_sum = _mm256_set1_ps(dx * static_cast<float>(xs[t][8 * s + j]));
+            acc[g][h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(dsc, _mm256_set1_ps(dx)), acc[g][h][t]);
+            acc[g][h][t] = _mm256_fnmadd_ps(dmm, dx_sum, acc[g][h][t]);
+          }
+        }
+      }
+    }
+  }
+  store_panel_tile(a, g0, t0, job, acc);
+}
+
+// Block 4h + 3's codes from the top 2 bits of q6_K's code vectors a, b, c
+// (AVX-512's q6_k_fourth_code with masks for its selects).
+inline __m256i q6_k_fourth_code(__m256i a, __m256i b, __m256i c) {
+  const __m256i ab = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 6), _mm256_set1_epi8(0x03)),
+                                     _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0C)));
+  return _mm256_or_si256(ab, _mm256_and_si256(_mm256_srli_epi16(c, 2), _mm256_set1_epi8(0x30)));
+}
+
+// d * scale 2 k + e of q6_K block k for the 8 rows of half rh (AVX-512's q6_k_scale).
+inline __m256 q6_k_scale(const uint8_t* panel, int k, int e, int rh) {
+  const int byte = 2 * (k % 2) + e;
+  const __m256i sv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + kQ6KPanelScales + 64 * (k / 2) + 32 * rh));
+  const __m256i sc = _mm256_srai_epi32(_mm256_sll_epi32(sv, _mm_cvtsi32_si128(24 - 8 * byte)), 24);
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + kQ6KPanelD + 16 * rh)));
+  return _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+}
+
+// q6_K's panel tile (panels: k_quants.h), AVX-512's tile_q6_k_panel for
+// each half of 8 rows: the 6-bit codes' pairs (at most 2 * 63 * 127) summed
+// in 16 bits over two columns, widened into each block half's exact int32
+// dot product started at -32 * its activations' sum, then the same FMAs in
+// the same order. A decode tile takes a column's four blocks at once (their
+// fourth from the top bits of the other three's vectors).
+template <int G, int T>
+inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr int64_t kPanelBytes = kPanelRows * kQ6KChunkBytes;
+  constexpr int64_t kQuarterBytes = kPanelBytes / 4;
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  const auto& x = tile.x;
+  const auto& xs = tile.xs;
+  __m256 acc[G][2][T];
+  for (int g = 0; g < G; ++g)
+    for (int rh = 0; rh < 2; ++rh)
+      for (int t = 0; t < T; ++t) acc[g][rh][t] = _mm256_setzero_ps();
+  const int64_t n_super = a.k / kSuperBlock;
+  const __m256i low6 = _mm256_set1_epi8(0x3F);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int64_t s = 0; s < n_super; ++s) {
+    const int64_t off = s * kPanelBytes;
+    int32_t half[T][8][2];  // the half sums of every token's eight activation blocks
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < 8; ++k) {
+        half[t][k][0] = first_half_sum(x[t][8 * s + k]);
+        half[t][k][1] = xs[t][8 * s + k] - half[t][k][0];
+      }
+    const auto add = [&](int k, int e, int g, int rh, int t, __m256i dot) {
+      const __m256 dx = _mm256_set1_ps(x[t][8 * s + k].d);
+      acc[g][rh][t] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(q6_k_scale(tile.at(g, off), k, e, rh), dx), acc[g][rh][t]);
+    };
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < 2; ++e) {
+        tile.fetch(off + (2 * h + e) * kQuarterBytes, kQuarterBytes);
+        for (int g = 0; g < G; ++g) {
+          for (int rh = 0; rh < 2; ++rh) {
+            if constexpr (T == 1) {
+              __m256i dot[4], sum16[4];
+              for (int i = 0; i < 4; ++i) {
+                dot[i] = _mm256_set1_epi32(-32 * half[0][4 * h + i][e]);
+                sum16[i] = _mm256_setzero_si256();
+              }
+              unrolled<4>([&](auto c_) {
+                constexpr int cc = decltype(c_)::value;
+                const int c = 4 * e + cc;
+                const uint8_t* v = q6_k_code_vectors(tile.at(g, off), h, c) + 32 * rh;
+                const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+                const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 64));
+                const __m256i vc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 128));
+                const __m256i codes[4] = {_mm256_and_si256(va, low6), _mm256_and_si256(vb, low6), _mm256_and_si256(vc, low6),
+                                          q6_k_fourth_code(va, vb, vc)};
+                for (int i = 0; i < 4; ++i)
+                  sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(codes[i], x_column(x[0][8 * s + 4 * h + i], c)));
+                if constexpr (cc % 2 == 1)
+                  for (int i = 0; i < 4; ++i) {
+                    dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(sum16[i], ones16));
+                    sum16[i] = _mm256_setzero_si256();
+                  }
+              });
+              for (int i : {0, 2, 1, 3}) add(4 * h + i, e, g, rh, 0, dot[i]);
+            } else {
+              for (int i : {0, 2, 1, 3}) {
+                const int k = 4 * h + i;
+                __m256i dot[T], sum16[T];
+                for (int t = 0; t < T; ++t) {
+                  dot[t] = _mm256_set1_epi32(-32 * half[t][k][e]);
+                  sum16[t] = _mm256_setzero_si256();
+                }
+                unrolled<4>([&](auto c_) {
+                  constexpr int cc = decltype(c_)::value;
+                  const int c = 4 * e + cc;
+                  const uint8_t* v = q6_k_code_vectors(tile.at(g, off), h, c) + 32 * rh;
+                  const auto load = [&](int n) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 64 * n)); };
+                  const __m256i code = i < 3 ? _mm256_and_si256(load(i), low6) : q6_k_fourth_code(load(0), load(1), load(2));
+                  for (int t = 0; t < T; ++t)
+                    sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(code, x_column(x[t][8 * s + k], c)));
+                  if constexpr (cc % 2 == 1)
+                    for (int t = 0; t < T; ++t) {
+                      dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(sum16[t], ones16));
+                      sum16[t] = _mm256_setzero_si256();
+                    }
+                });
+                for (int t = 0; t < T; ++t) add(k, e, g, rh, t, dot[t]);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  store_panel_tile(a, g0, t0, job, acc);
+}
+
+template <DType kType>
+struct KQuantPanelTile {
+  template <int G, int T>
+  struct Fn {
+    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) {
+      if constexpr (kType == DType::kQ6_K) {
+        tile_q6_k_panel<G, T>(a, g, t, job);
+      } else {
+        tile_q45_k_panel<kType, G, T>(a, g, t, job);
+      }
+    }
+  };
+};
+
+// Block panels: prompt tiles of 1 group x 3 tokens (6 float and 3 int16
+// accumulators, of the 16 registers); decode tiles of one group, one
+// stream a thread, as AVX-512's.
+constexpr PanelPlan kBlockPanelPlan{1, 4, 1, 128};
+
+// The 32-element types: their panel tile where they are in panels and it
+// has one (avx2_reads_block_panels), else their rows out of the panels,
+// else the chunk-group tiles.
 template <typename F>
 void gemm_legacy(const GemmArgs& a, int64_t b, int64_t e) {
+  if constexpr (avx2_reads_block_panels(F::kType)) {
+    if (is_panel_layout(F::kType, a.w_group)) return block_panel_driver<LegacyPanelTile<F>::template Fn, kBlockPanelPlan>(a, b, e);
+  }
   gemm_any_layout<LegacyPanelRow<DotLanes, F>, gemm_legacy_chunks<DotLanes, F>>(a, b, e);
+}
+
+// q4_K, q5_K and q6_K (Row: their rows out of panels; ChunkGemm: their chunk-group tiles), likewise.
+template <DType kType, typename Row, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
+void gemm_k_quant(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(kType, a.w_group)) return block_panel_driver<KQuantPanelTile<kType>::template Fn, kBlockPanelPlan>(a, b, e);
+  gemm_any_layout<Row, ChunkGemm>(a, b, e);
 }
 
 }  // namespace
@@ -374,14 +708,14 @@ const IsaKernels kAvx2Kernels = {
     gemm_f16,
     gemm_bf16,
     gemm_any_layout<LegacyPanelRow<DotLanes, Q8_0Format>, gemm_q8_0>,
-    gemm_any_layout<Q4KPanelRow<DotLanes>, gemm_q45_k_chunks<DotLanes, Q4KUnpack>>,
-    gemm_any_layout<Q6KPanelRow, gemm_q16_k<Q6KUnpack>>,
+    gemm_k_quant<DType::kQ4_K, Q4KPanelRow<DotLanes>, gemm_q45_k_chunks<DotLanes, Q4KUnpack>>,
+    gemm_k_quant<DType::kQ6_K, Q6KPanelRow, gemm_q16_k<Q6KUnpack>>,
     gemm_legacy<Q4_0Format>,
     gemm_legacy<Q4_1Format>,
     gemm_legacy<Q5_0Format>,
     gemm_legacy<Q5_1Format>,
     gemm_legacy<IQ4NLFormat>,
-    gemm_any_layout<Q5KPanelRow<DotLanes>, gemm_q45_k_chunks<DotLanes, Q5KUnpack>>,
+    gemm_k_quant<DType::kQ5_K, Q5KPanelRow<DotLanes>, gemm_q45_k_chunks<DotLanes, Q5KUnpack>>,
     gemm_any_layout<Q23KPanelRow<DType::kQ2_K, BlockQ2_K>, gemm_q16_k<Q2KUnpack>>,
     gemm_any_layout<Q23KPanelRow<DType::kQ3_K, BlockQ3_K>, gemm_q16_k<Q3KUnpack>>,
     gemm_any_layout<IQ4XSPanelRow, gemm_q45_k_chunks<DotLanes, IQ4XSUnpack>>,

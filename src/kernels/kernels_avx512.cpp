@@ -72,11 +72,6 @@ inline int64_t prefetch_skip(const GemmArgs& a, int rows) {
                                            : 0;
 }
 
-inline void prefetch_ahead(const uint8_t* row, int64_t offset, int64_t group_bytes, int64_t skip) {
-  if (offset >= group_bytes) offset += skip;
-  _mm_prefetch(prefetch_address(row, offset), _MM_HINT_T0);
-}
-
 // 16 elements at p (load) or the first elements selected by m (load_tail), as f32.
 struct LoadF32 {
   static constexpr int kBytes = 4;
@@ -594,6 +589,7 @@ struct Vec {
 }  // namespace
 }  // namespace tandem::kernels
 
+#include "kernels/block_panel_tile.h"
 #include "kernels/k_quant_tiles.h"
 #include "kernels/legacy_quant_tiles.h"
 #include "kernels/vector_algorithms.h"
@@ -747,42 +743,8 @@ struct LegacyTile512 {
 // Prompt tiles of 4 rows x 6 tokens (three pairs), as Q8_0's.
 constexpr GemmPlan kLegacyPlan{4, 6, 8, 32, 126};
 
-// What the block panel tiles share: the activations of their T tokens
-// (blocks and block sums, GemmArgs::xsum), the weights of their G groups,
-// and the fetching of what they stream (a decode tile kBlockPanelPrefetchBytes ahead).
 template <int G, int T>
-struct BlockPanelTile {
-  const BlockQ8_0Act* x[T];
-  const int32_t* xs[T];
-  const uint8_t* w;
-  int64_t group_bytes;
-  const uint8_t* pf;
-  int64_t pf_left;
-
-  BlockPanelTile(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job)
-      : group_bytes(kPanelRows * static_cast<int64_t>(a.w_row_bytes)), pf(job.prefetch), pf_left(job.prefetch_lines) {
-    w = a.w + g0 * group_bytes;
-    for (int t = 0; t < T; ++t) {
-      x[t] = a.xq + (t0 + t) * a.ldxq;
-      xs[t] = a.xsum + (t0 + t) * a.ldxq;
-    }
-  }
-  // Byte `off` of group g's panels.
-  const uint8_t* at(int g, int64_t off) const { return w + g * group_bytes + off; }
-  // Before a step over bytes [off, off + bytes) of each group's panels: a
-  // decode tile fetches each group's stream kBlockPanelPrefetchBytes ahead
-  // (see tile_panel); a prompt tile fetches its share of the next panel.
-  void fetch(int64_t off, int64_t bytes) {
-    if constexpr (T == 1) {
-      constexpr int64_t kAhead = G == 1 ? kBlockPanelPrefetchBytes : kBlockPanelStreamPrefetchBytes;
-      for (int64_t line = 0; line < bytes; line += 64)
-        for (int g = 0; g < G; ++g) prefetch_ahead(at(g, 0), off + line + kAhead, group_bytes, (G - 1) * group_bytes);
-    } else {
-      for (int64_t i = 0; i < (bytes * G + 63) / 64 && pf_left > 0; ++i, --pf_left, pf += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
-    }
-  }
-};
+using BlockPanelTile = BlockPanelTileWith<G, T, kBlockPanelPrefetchBytes, kBlockPanelStreamPrefetchBytes>;
 
 // Four activations at column c (elements 4c..4c+3) of a block, broadcast.
 inline __m512i x_column(const BlockQ8_0Act& x, int c) {
@@ -953,26 +915,6 @@ inline void tile_q45_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
   }
   store_panel_tile(a, g0, t0, job, acc);
 }
-
-// The sum of the first 16 of a block's activations.
-inline int32_t first_half_sum(const BlockQ8_0Act& x) {
-  // (x + 128 is unsigned: psadbw sums it in two 8-byte halves.)
-  const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs)), _mm_set1_epi8(-128));
-  const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128());
-  return _mm_cvtsi128_si32(s) + _mm_extract_epi32(s, 2) - 16 * 128;
-}
-
-// f(std::integral_constant<int, i>) for i = 0, ..., N - 1, in that order, each
-// call inlined: GCC leaves a loop of four column steps rolled when its body
-// is large, and then copies every accumulator between registers around each
-// iteration (seen in the Q6_K tiles).
-template <int N, typename F>
-[[gnu::always_inline]] inline void unrolled(F&& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(std::make_integer_sequence<int, N>{});
-}
-
-// q6_K's code vectors of half h, column c of a panel block (k_quants.h).
-inline const uint8_t* q6_k_code_vectors(const uint8_t* panel, int h, int c) { return panel + 64 * 3 * (8 * h + c); }
 
 // Block 4h + 3's codes from the top 2 bits of the half's vectors a, b, c:
 // a >> 6 into bits 0-1, b >> 4 into 2-3, c >> 2 into 4-5. Shifting 16-bit
@@ -1326,22 +1268,6 @@ struct LegacyPanelTile {
 template <DType kType>
 constexpr PanelPlan kBlockPanelPlan{1, 8, block_panel_decode_groups(kType), 128};
 
-// Block panels of type kType with the activations' block sums (made here
-// when the caller gave none).
-template <template <int, int> class Tile, DType kType>
-void block_panel_driver(const GemmArgs& a, int64_t b, int64_t e) {
-  if (a.xsum != nullptr) {
-    panel_driver<Tile, kBlockPanelPlan<kType>>(a, b, e);
-    return;
-  }
-  thread_local std::vector<int32_t> sums;
-  sums.resize(static_cast<size_t>(a.n_tokens * a.ldxq));
-  sum_q8_blocks(a.xq, a.ldxq, a.n_tokens, a.k / 32, sums.data());
-  GemmArgs with_sums = a;
-  with_sums.xsum = sums.data();
-  panel_driver<Tile, kBlockPanelPlan<kType>>(with_sums, b, e);
-}
-
 // A block type's matmul: its panel tile where the weights are in panels,
 // else ChunkGemm (the chunk-group and plain-row tiles). q8_0's panels, for
 // one: per block 8 vectors of 16 rows' values against the token's
@@ -1350,7 +1276,7 @@ void block_panel_driver(const GemmArgs& a, int64_t b, int64_t e) {
 template <template <int, int> class Tile, DType kType, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
 void gemm_block512(const GemmArgs& a, int64_t b, int64_t e) {
   if (is_panel_layout(kType, a.w_group)) {
-    block_panel_driver<Tile, kType>(a, b, e);
+    block_panel_driver<Tile, kBlockPanelPlan<kType>>(a, b, e);
   } else {
     ChunkGemm(a, b, e);
   }
