@@ -112,6 +112,14 @@ struct PanelBf16 {
   }
 };
 
+// A panel tile's float sums (store_panel_tile), zeroed.
+template <int G, int T>
+inline void zero(__m256 (&acc)[G][2][T]) {
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < 2; ++h)
+      for (int t = 0; t < T; ++t) acc[g][h][t] = _mm256_setzero_ps();
+}
+
 // A panel tile's sums: token t0 + t of group g0 + g's rows 0-7 in
 // acc[g][0][t] and 8-15 in acc[g][1][t]; the rows the job stores.
 template <int G, int T>
@@ -137,9 +145,7 @@ inline void store_panel_tile(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
 template <typename P, int G, int T>
 inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   __m256 acc[G][2][T];
-  for (int g = 0; g < G; ++g)
-    for (int h = 0; h < 2; ++h)
-      for (int t = 0; t < T; ++t) acc[g][h][t] = _mm256_setzero_ps();
+  zero(acc);
   const int64_t group_bytes = kPanelRows * static_cast<int64_t>(a.w_row_bytes);
   const uint8_t* w = a.w + g0 * group_bytes;
   const float* x[T];
@@ -379,6 +385,16 @@ constexpr int64_t kBlockPanelStreamPrefetchBytes = 2048;
 template <int G, int T>
 using BlockPanelTile = BlockPanelTileWith<G, T, kBlockPanelPrefetchBytes, kBlockPanelStreamPrefetchBytes>;
 
+// The 16-bit pair sums (vpmaddubsw's) of T tokens added into their int32
+// dot products (each row's lane), and restarted.
+template <int T>
+inline void widen_pair_sums(__m256i (&dot)[T], __m256i (&sum16)[T]) {
+  for (int t = 0; t < T; ++t) {
+    dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(sum16[t], _mm256_set1_epi16(1)));
+    sum16[t] = _mm256_setzero_si256();
+  }
+}
+
 // Four activations at column c (elements 4c..4c+3) of a block, broadcast.
 inline __m256i x_column(const BlockQ8_0Act& x, int c) {
   int32_t v;
@@ -408,12 +424,9 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
   const auto& x = tile.x;
   const auto& xs = tile.xs;
   __m256 acc[G][2][T];
-  for (int g = 0; g < G; ++g)
-    for (int h = 0; h < 2; ++h)
-      for (int t = 0; t < T; ++t) acc[g][h][t] = _mm256_setzero_ps();
+  zero(acc);
   const int64_t n_blocks = a.k / 32;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i ones16 = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < n_blocks; ++b) {
     const int64_t off = b * kPanelBytes;
     tile.fetch(off, kPanelBytes);
@@ -436,11 +449,7 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
           for (int t = 0; t < T; ++t)
             sum16[t] = _mm256_add_epi16(sum16[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_column(x[t][b], j)),
                                                                    _mm256_maddubs_epi16(hi, x_column(x[t][b], 4 + j))));
-          if ((j + 1) % kColumnPairsPerWidening == 0)
-            for (int t = 0; t < T; ++t) {
-              dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(sum16[t], ones16));
-              sum16[t] = _mm256_setzero_si256();
-            }
+          if ((j + 1) % kColumnPairsPerWidening == 0) widen_pair_sums(dot, sum16);
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + l.d + 16 * h)));
         [[maybe_unused]] __m256 m;
@@ -486,15 +495,12 @@ inline void tile_q45_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
   const auto& x = tile.x;
   const auto& xs = tile.xs;
   __m256 acc[G][2][T];
-  for (int g = 0; g < G; ++g)
-    for (int h = 0; h < 2; ++h)
-      for (int t = 0; t < T; ++t) acc[g][h][t] = _mm256_setzero_ps();
+  zero(acc);
   const int64_t n_super = a.k / kSuperBlock;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i low6 = _mm256_set1_epi32(63);
   const __m256i low4_32 = _mm256_set1_epi32(0x0F);
   const __m256i low2_32 = _mm256_set1_epi32(3);
-  const __m256i ones16 = _mm256_set1_epi16(1);
   for (int64_t s = 0; s < n_super; ++s) {
     const int64_t off = s * kPanelBytes;
     for (int j = 0; j < 8; ++j) {
@@ -533,11 +539,7 @@ inline void tile_q45_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
             }
             for (int t = 0; t < T; ++t)
               sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(codes, x_column(x[t][8 * s + j], c)));
-            if ((c + 1) % kColumnsPerWidening == 0)
-              for (int t = 0; t < T; ++t) {
-                dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(sum16[t], ones16));
-                sum16[t] = _mm256_setzero_si256();
-              }
+            if ((c + 1) % kColumnsPerWidening == 0) widen_pair_sums(dot, sum16);
           }
           for (int t = 0; t < T; ++t) {
             const float dx = x[t][8 * s + j].d;
@@ -583,12 +585,9 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
   const auto& x = tile.x;
   const auto& xs = tile.xs;
   __m256 acc[G][2][T];
-  for (int g = 0; g < G; ++g)
-    for (int rh = 0; rh < 2; ++rh)
-      for (int t = 0; t < T; ++t) acc[g][rh][t] = _mm256_setzero_ps();
+  zero(acc);
   const int64_t n_super = a.k / kSuperBlock;
   const __m256i low6 = _mm256_set1_epi8(0x3F);
-  const __m256i ones16 = _mm256_set1_epi16(1);
   for (int64_t s = 0; s < n_super; ++s) {
     const int64_t off = s * kPanelBytes;
     int32_t half[T][8][2];  // the half sums of every token's eight activation blocks
@@ -624,11 +623,7 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
                                           q6_k_fourth_code(va, vb, vc)};
                 for (int i = 0; i < 4; ++i)
                   sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(codes[i], x_column(x[0][8 * s + 4 * h + i], c)));
-                if constexpr (cc % 2 == 1)
-                  for (int i = 0; i < 4; ++i) {
-                    dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(sum16[i], ones16));
-                    sum16[i] = _mm256_setzero_si256();
-                  }
+                if constexpr (cc % 2 == 1) widen_pair_sums(dot, sum16);
               });
               for (int i : {0, 2, 1, 3}) add(4 * h + i, e, g, rh, 0, dot[i]);
             } else {
@@ -647,11 +642,7 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
                   const __m256i code = i < 3 ? _mm256_and_si256(load(i), low6) : q6_k_fourth_code(load(0), load(1), load(2));
                   for (int t = 0; t < T; ++t)
                     sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(code, x_column(x[t][8 * s + k], c)));
-                  if constexpr (cc % 2 == 1)
-                    for (int t = 0; t < T; ++t) {
-                      dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(sum16[t], ones16));
-                      sum16[t] = _mm256_setzero_si256();
-                    }
+                  if constexpr (cc % 2 == 1) widen_pair_sums(dot, sum16);
                 });
                 for (int t = 0; t < T; ++t) add(k, e, g, rh, t, dot[t]);
               }
