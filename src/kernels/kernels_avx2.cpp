@@ -655,6 +655,119 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
   store_panel_tile(a, g0, t0, job, acc);
 }
 
+// q2_K's and q3_K's panel tile (panels: k_quants.h), AVX-512's
+// tile_q23_k_panel for each half of 8 rows. vpmaddubsw would saturate on
+// codes taken where they lie in the byte (up to 3 << 6), so the codes are
+// shifted down to bits 0-1 (q3_K's high bit added as bit 2) and their pair
+// sums added in 16 bits over a half's 4 columns; the exact integer sum over
+// the block of scale * code * x (q3_K's codes offset by -4 through -4 *
+// sum(x)) is then shifted up by kQ23KCodeShift, which gives AVX-512's
+// integer, followed by its float steps.
+template <DType kType, int G, int T>
+inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr bool kQ3 = kType == DType::kQ3_K;
+  constexpr int64_t kPanelBytes = kPanelRows * static_cast<int64_t>(kQ3 ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K));
+  constexpr int64_t kStepBytes = kPanelBytes / 8;  // (fetched per activation block)
+  constexpr auto& kCodeShift = kQ23KCodeShift[kQ3 ? 1 : 0];
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  const auto& x = tile.x;
+  const auto& xs = tile.xs;
+  __m256 acc[G][2][T];
+  zero(acc);
+  const int64_t n_super = a.k / kSuperBlock;
+  const __m256i low2 = _mm256_set1_epi8(3);
+  const __m256i low4_32 = _mm256_set1_epi32(0x0F);
+  for (int64_t s = 0; s < n_super; ++s) {
+    const int64_t off = s * kPanelBytes;
+    // q3_K: scale 4m + i (minus 32) of each row of half rh in byte i of its lane of scales[g][rh][m].
+    [[maybe_unused]] __m256i scales[G][2][4];
+    if constexpr (kQ3) {
+      for (int g = 0; g < G; ++g)
+        for (int rh = 0; rh < 2; ++rh) {
+          const auto load = [&](int n) {
+            return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile.at(g, off + kQ3KPanelScales + 64 * n + 32 * rh)));
+          };
+          const __m256i low0 = load(0), low1 = load(1), high = load(2);
+          const __m256i lows[4] = {low0, low1, _mm256_srli_epi16(low0, 4), _mm256_srli_epi16(low1, 4)};
+          const __m256i highs[4] = {_mm256_slli_epi16(high, 4), _mm256_slli_epi16(high, 2), high, _mm256_srli_epi16(high, 2)};
+          for (int m = 0; m < 4; ++m)  // (lows & 0x0F) | (highs & 0x30), minus 32
+            scales[g][rh][m] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(lows[m], _mm256_set1_epi8(0x0F)),
+                                                               _mm256_and_si256(highs[m], _mm256_set1_epi8(0x30))),
+                                               _mm256_set1_epi8(32));
+        }
+    }
+    unrolled<8>([&](auto k_constant) {
+      constexpr int k = k_constant, c = k / 4, j = k % 4;
+      tile.fetch(off + k * kStepBytes, kStepBytes);
+      int32_t half[T][2];  // each token's sum(x) over the two halves
+      for (int t = 0; t < T; ++t) {
+        half[t][0] = first_half_sum(x[t][8 * s + k]);
+        half[t][1] = xs[t][8 * s + k] - half[t][0];
+      }
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* pb = tile.at(g, off);
+        for (int rh = 0; rh < 2; ++rh) {
+          // The scales of the two halves (int32 lanes), and q2_K's mins in
+          // the two 16-bit halves of each lane.
+          __m256i sc[2];
+          [[maybe_unused]] __m256i mins;
+          if constexpr (kQ3) {
+            for (int h = 0; h < 2; ++h) {
+              const int is = 2 * k + h, i = is % 4;  // (byte i of scales[g][rh][is / 4], sign-extended)
+              sc[h] = _mm256_srai_epi32(i == 3 ? scales[g][rh][is / 4] : _mm256_slli_epi32(scales[g][rh][is / 4], 24 - 8 * i), 24);
+            }
+          } else {
+            constexpr uint32_t b = 2 * (k % 2);
+            const __m256i pick = _mm256_set1_epi32(static_cast<int32_t>(0x80008000u | b | (b + 1) << 16));
+            const __m256i lane_base =
+                _mm256_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
+            const __m256i bytes = _mm256_shuffle_epi8(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQ2KPanelScales + 64 * (k / 2) + 32 * rh)),
+                _mm256_or_si256(pick, lane_base));
+            sc[0] = _mm256_and_si256(bytes, low4_32);
+            sc[1] = _mm256_and_si256(_mm256_srli_epi32(bytes, 16), low4_32);
+            mins = _mm256_srli_epi16(bytes, 4);
+          }
+          __m256i sum[T];
+          for (int h = 0; h < 2; ++h) {
+            __m256i sum16[T];
+            for (int t = 0; t < T; ++t) sum16[t] = _mm256_setzero_si256();
+            for (int v = 0; v < 4; ++v) {
+              const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * (8 * c + 4 * h + v) + 32 * rh));
+              __m256i codes = _mm256_and_si256(j == 0 ? plane : _mm256_srli_epi16(plane, 2 * j), low2);
+              if constexpr (kQ3)  // the high bit, as bit 2 of the codes it marks
+                codes = _mm256_or_si256(codes, marked_bytes32(pb + kQ3KPanelHmask + 8 * (8 * k + 4 * h + v) + 4 * rh, 4));
+              for (int t = 0; t < T; ++t)
+                sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(codes, x_column(x[t][8 * s + k], 4 * h + v)));
+            }
+            for (int t = 0; t < T; ++t) {
+              __m256i dot = _mm256_madd_epi16(sum16[t], _mm256_set1_epi16(1));
+              if constexpr (kQ3) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(4 * half[t][h]));
+              const __m256i scaled = _mm256_mullo_epi32(dot, sc[h]);
+              sum[t] = h == 0 ? scaled : _mm256_add_epi32(sum[t], scaled);
+            }
+          }
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + (kQ3 ? kQ3KPanelD : kQ2KPanelD) + 16 * rh)));
+          for (int t = 0; t < T; ++t) {
+            const float dx = x[t][8 * s + k].d;
+            const __m256 dot_scale = _mm256_set1_ps(dx * code_scale_inverse(kCodeShift[j]));
+            acc[g][rh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_slli_epi32(sum[t], kCodeShift[j])), _mm256_mul_ps(d, dot_scale),
+                                            acc[g][rh][t]);
+            if constexpr (!kQ3) {
+              const __m256i half_sums = _mm256_set1_epi32(
+                  static_cast<int32_t>((static_cast<uint32_t>(half[t][0]) & 0xFFFF) | static_cast<uint32_t>(half[t][1]) << 16));
+              const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + kQ2KPanelDmin + 16 * rh)));
+              acc[g][rh][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mins, half_sums)),
+                                               _mm256_mul_ps(dmin, _mm256_set1_ps(dx)), acc[g][rh][t]);
+            }
+          }
+        }
+      }
+    });
+  }
+  store_panel_tile(a, g0, t0, job, acc);
+}
+
 template <DType kType>
 struct KQuantPanelTile {
   template <int G, int T>
@@ -662,6 +775,8 @@ struct KQuantPanelTile {
     static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) {
       if constexpr (kType == DType::kQ6_K) {
         tile_q6_k_panel<G, T>(a, g, t, job);
+      } else if constexpr (kType == DType::kQ2_K || kType == DType::kQ3_K) {
+        tile_q23_k_panel<kType, G, T>(a, g, t, job);
       } else {
         tile_q45_k_panel<kType, G, T>(a, g, t, job);
       }
@@ -707,8 +822,8 @@ const IsaKernels kAvx2Kernels = {
     gemm_legacy<Q5_1Format>,
     gemm_legacy<IQ4NLFormat>,
     gemm_k_quant<DType::kQ5_K, Q5KPanelRow<DotLanes>, gemm_q45_k_chunks<DotLanes, Q5KUnpack>>,
-    gemm_any_layout<Q23KPanelRow<DType::kQ2_K, BlockQ2_K>, gemm_q16_k<Q2KUnpack>>,
-    gemm_any_layout<Q23KPanelRow<DType::kQ3_K, BlockQ3_K>, gemm_q16_k<Q3KUnpack>>,
+    gemm_k_quant<DType::kQ2_K, Q23KPanelRow<DType::kQ2_K, BlockQ2_K>, gemm_q16_k<Q2KUnpack>>,
+    gemm_k_quant<DType::kQ3_K, Q23KPanelRow<DType::kQ3_K, BlockQ3_K>, gemm_q16_k<Q3KUnpack>>,
     gemm_any_layout<IQ4XSPanelRow, gemm_q45_k_chunks<DotLanes, IQ4XSUnpack>>,
     attention_tile_vec,
     silu_mul_vec,

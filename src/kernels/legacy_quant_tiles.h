@@ -24,17 +24,20 @@
 namespace tandem::kernels {
 namespace {  // NOLINT(google-build-namespaces): see gemm_driver.h
 
-// Bit j of the 4 bytes at qh as 0x10 in byte j (bit 4 of element j).
-inline __m256i fifth_bits32(const uint8_t* qh) {
+// Bit j of the 4 bytes at `bits_at` as `value` in byte j (0 where the bit is clear).
+inline __m256i marked_bytes32(const uint8_t* bits_at, char value) {
   uint32_t bits;
-  std::memcpy(&bits, qh, 4);
+  std::memcpy(&bits, bits_at, 4);
   // Byte j takes byte j / 8 of the bits, then tests its bit j % 8.
   const __m256i spread = _mm256_shuffle_epi8(
       _mm256_set1_epi32(static_cast<int>(bits)),
       _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(value));
 }
+
+// Bit j of the 4 bytes at qh as 0x10 in byte j (bit 4 of element j).
+inline __m256i fifth_bits32(const uint8_t* qh) { return marked_bytes32(qh, 0x10); }
 
 // iq4_nl's levels + 128 (all in [1, 241]): unsigned codes whose offset is 128.
 inline constexpr uint8_t kIq4NlBiasedLevels[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
