@@ -768,6 +768,65 @@ inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
   store_panel_tile(a, g0, t0, job, acc);
 }
 
+// iq4_xs's panel tile (panels: k_quants.h), AVX-512's tile_iq4_xs_panel
+// for each half of 8 rows, with the signed levels (a byte shuffle of the
+// nibbles): levels + 128 would saturate vpmaddubsw, so the levels' sign
+// moves onto x (as the chunk-group tiles do), and each column's pair sums
+// (up to 2 * 127 * 127) are widened at once. The exact integer dot product
+// of the sub-block (AVX-512's: its levels + 128 started at -128 * sum(x)),
+// then the same FMA with (d * (ls_j - 32)) * dx.
+template <int G, int T>
+inline void tile_iq4_xs_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
+  constexpr int64_t kPanelBytes = kPanelRows * static_cast<int64_t>(sizeof(BlockIQ4_XS));
+  constexpr int64_t kStepBytes = kPanelBytes / 8;
+  BlockPanelTile<G, T> tile(a, g0, t0, job);
+  const auto& x = tile.x;
+  __m256 acc[G][2][T];
+  zero(acc);
+  const int64_t n_super = a.k / kSuperBlock;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i low4_32 = _mm256_set1_epi32(0x0F);
+  const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlLevels)));
+  for (int64_t s = 0; s < n_super; ++s) {
+    const int64_t off = s * kPanelBytes;
+    for (int j = 0; j < 8; ++j) {
+      tile.fetch(off + j * kStepBytes, kStepBytes);
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* pb = tile.at(g, off);
+        for (int rh = 0; rh < 2; ++rh) {
+          __m256i dot[T];
+          for (int t = 0; t < T; ++t) dot[t] = _mm256_setzero_si256();
+          for (int v = 0; v < 4; ++v) {
+            const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * (4 * j + v) + 32 * rh));
+            const __m256i lo = _mm256_shuffle_epi8(levels, _mm256_and_si256(packed, low4));
+            const __m256i hi = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4));
+            const __m256i lo_abs = _mm256_abs_epi8(lo), hi_abs = _mm256_abs_epi8(hi);
+            for (int t = 0; t < T; ++t) {
+              const __m256i pairs_lo = _mm256_maddubs_epi16(lo_abs, _mm256_sign_epi8(x_column(x[t][8 * s + j], v), lo));
+              const __m256i pairs_hi = _mm256_maddubs_epi16(hi_abs, _mm256_sign_epi8(x_column(x[t][8 * s + j], 4 + v), hi));
+              dot[t] = _mm256_add_epi32(dot[t], _mm256_add_epi32(_mm256_madd_epi16(pairs_lo, _mm256_set1_epi16(1)),
+                                                                 _mm256_madd_epi16(pairs_hi, _mm256_set1_epi16(1))));
+            }
+          }
+          // ls_j: nibble j % 2 of scales_l byte j / 2, and bits 2j, 2j+1 of scales_h as bits 4-5.
+          const __m256i scales_l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kIQ4XSPanelScalesL + 32 * rh));
+          const __m256i scales_h =
+              _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + kIQ4XSPanelScalesH + 16 * rh)));
+          const __m256i ls_lo = _mm256_and_si256(_mm256_srli_epi32(scales_l, 8 * (j / 2) + 4 * (j % 2)), low4_32);
+          const __m256i ls_hi = _mm256_and_si256(_mm256_srli_epi32(scales_h, 2 * j), _mm256_set1_epi32(3));
+          const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(ls_lo, _mm256_slli_epi32(ls_hi, 4)), _mm256_set1_epi32(32));
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + kIQ4XSPanelD + 16 * rh)));
+          const __m256 dls = _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls));
+          for (int t = 0; t < T; ++t)
+            acc[g][rh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(dls, _mm256_set1_ps(x[t][8 * s + j].d)),
+                                            acc[g][rh][t]);
+        }
+      }
+    }
+  }
+  store_panel_tile(a, g0, t0, job, acc);
+}
+
 template <DType kType>
 struct KQuantPanelTile {
   template <int G, int T>
@@ -777,6 +836,8 @@ struct KQuantPanelTile {
         tile_q6_k_panel<G, T>(a, g, t, job);
       } else if constexpr (kType == DType::kQ2_K || kType == DType::kQ3_K) {
         tile_q23_k_panel<kType, G, T>(a, g, t, job);
+      } else if constexpr (kType == DType::kIQ4_XS) {
+        tile_iq4_xs_panel<G, T>(a, g, t, job);
       } else {
         tile_q45_k_panel<kType, G, T>(a, g, t, job);
       }
@@ -824,7 +885,7 @@ const IsaKernels kAvx2Kernels = {
     gemm_k_quant<DType::kQ5_K, Q5KPanelRow<DotLanes>, gemm_q45_k_chunks<DotLanes, Q5KUnpack>>,
     gemm_k_quant<DType::kQ2_K, Q23KPanelRow<DType::kQ2_K, BlockQ2_K>, gemm_q16_k<Q2KUnpack>>,
     gemm_k_quant<DType::kQ3_K, Q23KPanelRow<DType::kQ3_K, BlockQ3_K>, gemm_q16_k<Q3KUnpack>>,
-    gemm_any_layout<IQ4XSPanelRow, gemm_q45_k_chunks<DotLanes, IQ4XSUnpack>>,
+    gemm_k_quant<DType::kIQ4_XS, IQ4XSPanelRow, gemm_q45_k_chunks<DotLanes, IQ4XSUnpack>>,
     attention_tile_vec,
     silu_mul_vec,
     Vec::narrow,
