@@ -344,8 +344,8 @@ TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
     for (Isa layout_isa : supported_isas()) {
       const InterleavedLayout layout = interleaved_layout(t, layout_isa);
       const bool panel = is_panel_layout(t, layout.group);
-      // AVX2 has panel tiles for every block type but q8_0 and iq4_nl.
-      const bool avx2_panels = t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
+      // AVX2 has panel tiles for every block type but q8_0.
+      const bool avx2_panels = t == DType::kIQ4_NL || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
                                t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ2_K ||
                                t == DType::kQ3_K || t == DType::kIQ4_XS;
       EXPECT_EQ(panel, is_float_dtype(t) || (has_block_panels(t) && (layout_isa == Isa::kAvx512 ||

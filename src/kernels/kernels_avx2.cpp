@@ -395,6 +395,12 @@ inline void widen_pair_sums(__m256i (&dot)[T], __m256i (&sum16)[T]) {
   }
 }
 
+// The int32 lanes of signed bytes w times x, four products each, with w's
+// sign moved onto x (|w| <= 127: vpmaddubsw's pairs cannot saturate).
+inline __m256i signed_dot_lanes(__m256i w, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
+
 // Four activations at column c (elements 4c..4c+3) of a block, broadcast.
 inline __m256i x_column(const BlockQ8_0Act& x, int c) {
   int32_t v;
@@ -402,8 +408,8 @@ inline __m256i x_column(const BlockQ8_0Act& x, int c) {
   return _mm256_set1_epi32(v);
 }
 
-// The panel tile of the 32-element types whose codes are below 32 (q4_0,
-// q4_1, q5_0, q5_1; panels: legacy_quants.h): AVX-512's tile_legacy_panel
+// The panel tile of the 4- and 5-bit 32-element types (q4_0, q4_1, q5_0,
+// q5_1, iq4_nl; panels: legacy_quants.h): AVX-512's tile_legacy_panel
 // with vpmaddubsw + vpmaddwd for vpdpbusd. A 64-byte vector of 16 rows' 4
 // codes at one column is two halves of 8 rows. Per half, the u8 code x s8
 // activation pairs (each at most 2 * 31 * 127 in magnitude) are summed in
@@ -411,14 +417,18 @@ inline __m256i x_column(const BlockQ8_0Act& x, int c) {
 // of a block, 8 * 3810 < 2^15; 5-bit: 4, 4 * 7874), then widened into each
 // row's int32 sum, which starts at -offset * sum(x): the exact integer
 // AVX-512 computes, followed by the same float steps, so both variants give
-// the same bits. Against the chunk-group tiles (per row and block: unpack,
-// a dot product, a conversion, a scale and an FMA), a block's float steps
-// cost once per 8 rows.
+// the same bits. iq4_nl's levels + 128 would saturate vpmaddubsw: its
+// signed levels (a byte shuffle of the nibbles) take the sign onto x, and
+// each column's pairs are widened at once, from 0 (the same integer).
+// Against the chunk-group tiles (per row and block: unpack, a dot product,
+// a conversion, a scale and an FMA), a block's float steps cost once per 8
+// rows.
 template <typename F, int G, int T>
 inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kLegacyPanelRows * F::kBytes;
   constexpr LegacyPanelLayout l = legacy_panel_layout(F::kType);
   constexpr bool kFifth = l.qh >= 0;
+  constexpr bool kLevels = F::kType == DType::kIQ4_NL;
   constexpr int kColumnPairsPerWidening = kFifth ? 2 : 4;  // pairs (a low and a high column) summed in int16
   BlockPanelTile<G, T> tile(a, g0, t0, job);
   const auto& x = tile.x;
@@ -427,6 +437,7 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
   zero(acc);
   const int64_t n_blocks = a.k / 32;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+  [[maybe_unused]] const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlLevels)));
   for (int64_t b = 0; b < n_blocks; ++b) {
     const int64_t off = b * kPanelBytes;
     tile.fetch(off, kPanelBytes);
@@ -435,13 +446,21 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
       for (int h = 0; h < 2; ++h) {
         __m256i dot[T], sum16[T];
         for (int t = 0; t < T; ++t) {
-          dot[t] = _mm256_set1_epi32(-F::kOffset * xs[t][b]);
+          dot[t] = _mm256_set1_epi32(kLevels ? 0 : -F::kOffset * xs[t][b]);
           sum16[t] = _mm256_setzero_si256();
         }
         for (int j = 0; j < 4; ++j) {
           const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + l.qs + 64 * j + 32 * h));
           __m256i lo = _mm256_and_si256(packed, low4);
           __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+          if constexpr (kLevels) {
+            lo = _mm256_shuffle_epi8(levels, lo);
+            hi = _mm256_shuffle_epi8(levels, hi);
+            for (int t = 0; t < T; ++t)
+              dot[t] = _mm256_add_epi32(dot[t], _mm256_add_epi32(signed_dot_lanes(lo, x_column(x[t][b], j)),
+                                                                 signed_dot_lanes(hi, x_column(x[t][b], 4 + j))));
+            continue;
+          }
           if constexpr (kFifth) {  // bit 4 from masks j and 4 + j (this half's 32 bits of each)
             lo = _mm256_or_si256(lo, fifth_bits32(pb + l.qh + 8 * j + 4 * h));
             hi = _mm256_or_si256(hi, fifth_bits32(pb + l.qh + 8 * (4 + j) + 4 * h));
@@ -800,13 +819,9 @@ inline void tile_iq4_xs_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
             const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * (4 * j + v) + 32 * rh));
             const __m256i lo = _mm256_shuffle_epi8(levels, _mm256_and_si256(packed, low4));
             const __m256i hi = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4));
-            const __m256i lo_abs = _mm256_abs_epi8(lo), hi_abs = _mm256_abs_epi8(hi);
-            for (int t = 0; t < T; ++t) {
-              const __m256i pairs_lo = _mm256_maddubs_epi16(lo_abs, _mm256_sign_epi8(x_column(x[t][8 * s + j], v), lo));
-              const __m256i pairs_hi = _mm256_maddubs_epi16(hi_abs, _mm256_sign_epi8(x_column(x[t][8 * s + j], 4 + v), hi));
-              dot[t] = _mm256_add_epi32(dot[t], _mm256_add_epi32(_mm256_madd_epi16(pairs_lo, _mm256_set1_epi16(1)),
-                                                                 _mm256_madd_epi16(pairs_hi, _mm256_set1_epi16(1))));
-            }
+            for (int t = 0; t < T; ++t)
+              dot[t] = _mm256_add_epi32(dot[t], _mm256_add_epi32(signed_dot_lanes(lo, x_column(x[t][8 * s + j], v)),
+                                                                 signed_dot_lanes(hi, x_column(x[t][8 * s + j], 4 + v))));
           }
           // ls_j: nibble j % 2 of scales_l byte j / 2, and bits 2j, 2j+1 of scales_h as bits 4-5.
           const __m256i scales_l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kIQ4XSPanelScalesL + 32 * rh));

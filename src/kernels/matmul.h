@@ -65,7 +65,7 @@ constexpr int block_panel_decode_groups(DType t) { return t == DType::kQ8_0 ? 4 
 // The block types whose AVX2 tiles read panels (kernels_avx2.cpp); the
 // others' AVX2 tiles are built for chunk groups of 8 rows.
 constexpr bool avx2_reads_block_panels(DType t) {
-  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 || t == DType::kQ4_K ||
+  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 || t == DType::kIQ4_NL || t == DType::kQ4_K ||
          t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ2_K || t == DType::kQ3_K ||
          t == DType::kIQ4_XS;
 }
