@@ -232,9 +232,13 @@ struct Q8Tile {
 // Tiles of 4 rows x 5 tokens over 32-row and 125-token blocks.
 constexpr GemmPlan kPlan{4, 5, 8, 32, 125};
 
-// Panels: prompt tiles of one group x 6 tokens (15 of the 16 registers);
-// decode tiles of two groups (two streams).
-constexpr PanelPlan kPanelPlan{1, 6, 2, 126};
+// Panels: prompt tiles of one group x 4 tokens (8 accumulators); decode
+// tiles of two groups (two streams). Tiles of 6 tokens (12 accumulators,
+// 15 of the 16 registers with the weights and a broadcast) had GCC store
+// every accumulator to the stack at every k: small F16 pp64 on 2 threads
+// 183-198 tokens/s against 241-254 with 4 tokens (1 x 5: 190-205; 2
+// groups x 2 tokens and 1 x 3 within noise of 1 x 4).
+constexpr PanelPlan kPanelPlan{1, 4, 2, 128};
 
 template <typename L, typename P>
 void gemm_float(const GemmArgs& a, int64_t b, int64_t e) {
