@@ -9,7 +9,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "kernels/gemm_driver.h"
@@ -61,15 +60,6 @@ inline int32_t first_half_sum(const BlockQ8_0Act& x) {
   const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs)), _mm_set1_epi8(-128));
   const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128());
   return _mm_cvtsi128_si32(s) + _mm_extract_epi32(s, 2) - 16 * 128;
-}
-
-// f(std::integral_constant<int, i>) for i = 0, ..., N - 1, in that order, each
-// call inlined: GCC leaves a loop of four column steps rolled when its body
-// is large, and then copies every accumulator between registers around each
-// iteration (seen in the Q6_K tiles).
-template <int N, typename F>
-[[gnu::always_inline]] inline void unrolled(F&& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(std::make_integer_sequence<int, N>{});
 }
 
 // q6_K's code vectors of half h, column c of a panel block (k_quants.h).

@@ -6,11 +6,36 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/isa_kernels.h"
 
 namespace tandem::kernels {
 namespace {  // NOLINT(google-build-namespaces): see above
+
+// f(std::integral_constant<int, i>) for i = 0, ..., N - 1, in that order, each
+// call inlined. GCC leaves a loop of four column steps rolled when its body
+// is large, and then copies every accumulator between registers around each
+// iteration (seen in the Q6_K tiles). And an array of accumulators that a
+// loop indexes (even one of constant trip count) is kept in memory: GCC 12
+// holds it in registers inside the k loop but still stores every element
+// to the stack at every step. Indexed only through `unrolled`, the array
+// becomes registers.
+template <int N, typename F>
+[[gnu::always_inline]] inline void unrolled(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(std::make_integer_sequence<int, N>{});
+}
+
+// f(i, j) over [0, I) x [0, J), and f(i, j, k) over [0, I) x [0, J) x
+// [0, K), in row-major order, each index a constant (see unrolled).
+template <int I, int J, typename F>
+[[gnu::always_inline]] inline void unrolled(F&& f) {
+  unrolled<I>([&](auto i) { unrolled<J>([&](auto j) { f(i, j); }); });
+}
+template <int I, int J, int K, typename F>
+[[gnu::always_inline]] inline void unrolled(F&& f) {
+  unrolled<I>([&](auto i) { unrolled<J>([&](auto j) { unrolled<K>([&](auto k) { f(i, j, k); }); }); });
+}
 
 // How a variant tiles a GEMM (see gemm_driver).
 struct GemmPlan {

@@ -38,9 +38,7 @@ struct LoadF32 {
 };
 struct LoadF16 {
   static constexpr int kBytes = 2;
-  static __m256 load(const uint8_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
+  static __m256 load(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 };
 struct LoadBF16 {
   static constexpr int kBytes = 2;
@@ -112,12 +110,11 @@ struct PanelBf16 {
   }
 };
 
-// A panel tile's float sums (store_panel_tile), zeroed.
+// A panel tile's float sums (store_panel_tile), zeroed. (A tile indexes
+// its sums only through `unrolled`, which lets GCC keep them in registers.)
 template <int G, int T>
 inline void zero(__m256 (&acc)[G][2][T]) {
-  for (int g = 0; g < G; ++g)
-    for (int h = 0; h < 2; ++h)
-      for (int t = 0; t < T; ++t) acc[g][h][t] = _mm256_setzero_ps();
+  unrolled<G, 2, T>([&](auto g, auto h, auto t) { acc[g][h][t] = _mm256_setzero_ps(); });
 }
 
 // A panel tile's sums: token t0 + t of group g0 + g's rows 0-7 in
@@ -125,9 +122,9 @@ inline void zero(__m256 (&acc)[G][2][T]) {
 template <int G, int T>
 inline void store_panel_tile(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job,
                              const __m256 (&acc)[G][2][T]) {
-  for (int g = 0; g < G; ++g) {
+  unrolled<G>([&](auto g) {
     const auto [lo, hi] = stored_rows(job, g0 + g);
-    for (int t = 0; t < T; ++t) {
+    unrolled<T>([&](auto t) {
       float* y = a.y + (t0 + t) * a.ldy + (g0 + g) * kPanelRows;
       if (lo == 0 && hi == kPanelRows) {
         _mm256_storeu_ps(y, acc[g][0][t]);
@@ -138,8 +135,8 @@ inline void store_panel_tile(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
         _mm256_store_ps(buf + 8, acc[g][1][t]);
         for (int64_t r = lo; r < hi; ++r) y[r] = buf[r];
       }
-    }
-  }
+    });
+  });
 }
 
 template <typename P, int G, int T>
@@ -151,27 +148,33 @@ inline void tile_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTil
   const float* x[T];
   for (int t = 0; t < T; ++t) x[t] = a.x + (t0 + t) * a.ldx;
   constexpr int64_t kStep = kPanelRows * P::kChunkBytes;  // bytes of a group's chunk
-  const uint8_t* pf = job.prefetch;
-  int64_t pf_left = job.prefetch_lines;
-  for (int64_t k = 0; k < a.k; ++k) {
-    const int64_t off = k / P::kK * kStep;
-    if constexpr (T == 1) {
+  const auto step = [&](int64_t k, int64_t off) {
+    __m256 wv[G][2];
+    unrolled<G, 2>([&](auto g, auto h) { wv[g][h] = P::load(w + g * group_bytes + off + h * kStep / 2, k % P::kK); });
+    unrolled<T>([&](auto t) {
+      const __m256 b = _mm256_broadcast_ss(x[t] + k);
+      unrolled<G, 2>([&](auto g, auto h) { acc[g][h][t] = _mm256_fmadd_ps(wv[g][h], b, acc[g][h][t]); });
+    });
+  };
+  int64_t k = 0;
+  if constexpr (T == 1) {
+    for (; k < a.k; ++k) {
+      const int64_t off = k / P::kK * kStep;
       if (off % 64 == 0 && k % P::kK == 0)
         for (int g = 0; g < G; ++g)
           _mm_prefetch(prefetch_address(w + g * group_bytes + off, kPrefetchLines * 64), _MM_HINT_T0);
-    } else if (pf_left > 0) {
+      step(k, off);
+    }
+  } else {
+    // The next panel's slice, a line a step, then the steps alone (with
+    // the prefetch's branch in every step, GCC stored every accumulator
+    // to the stack at every k).
+    const uint8_t* pf = job.prefetch;
+    for (; k < std::min(a.k, job.prefetch_lines); ++k, pf += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
-      pf += 64;
-      --pf_left;
+      step(k, k / P::kK * kStep);
     }
-    __m256 wv[G][2];
-    for (int g = 0; g < G; ++g)
-      for (int h = 0; h < 2; ++h) wv[g][h] = P::load(w + g * group_bytes + off + h * kStep / 2, k % P::kK);
-    for (int t = 0; t < T; ++t) {
-      const __m256 b = _mm256_broadcast_ss(x[t] + k);
-      for (int g = 0; g < G; ++g)
-        for (int h = 0; h < 2; ++h) acc[g][h][t] = _mm256_fmadd_ps(wv[g][h], b, acc[g][h][t]);
-    }
+    for (; k < a.k; ++k) step(k, k / P::kK * kStep);
   }
   store_panel_tile(a, g0, t0, job, acc);
 }
@@ -180,7 +183,9 @@ template <typename P>
 struct PanelTile {
   template <int G, int T>
   struct Fn {
-    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) { tile_panel<P, G, T>(a, g, t, job); }
+    static void run(const GemmArgs& a, int64_t g, int64_t t, const PanelTileJob& job) {
+      tile_panel<P, G, T>(a, g, t, job);
+    }
   };
 };
 
@@ -298,7 +303,9 @@ struct Vec {
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   // kWidth elements of a KV row of type T at p, as f32 (exact).
   template <DType T>
-  static V load_kv(const uint8_t* p) { return load_kv_with<LoadF32, LoadF16, LoadBF16, T>(p); }
+  static V load_kv(const uint8_t* p) {
+    return load_kv_with<LoadF32, LoadF16, LoadBF16, T>(p);
+  }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
@@ -351,7 +358,8 @@ struct Vec {
       for (; i + 8 <= n; i += 8)
         _mm_storeu_si128(reinterpret_cast<__m128i*>(d16 + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      for (; i < n; ++i) d16[i] = static_cast<uint16_t>(_cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      for (; i < n; ++i)
+        d16[i] = static_cast<uint16_t>(_cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       return;
     }
     for (; i < n; ++i) d16[i] = f32_to_bf16(src[i]);
@@ -393,10 +401,10 @@ using BlockPanelTile = BlockPanelTileWith<G, T, kBlockPanelPrefetchBytes, kBlock
 // dot products (each row's lane), and restarted.
 template <int T>
 inline void widen_pair_sums(__m256i (&dot)[T], __m256i (&sum16)[T]) {
-  for (int t = 0; t < T; ++t) {
+  unrolled<T>([&](auto t) {
     dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(sum16[t], _mm256_set1_epi16(1)));
     sum16[t] = _mm256_setzero_si256();
-  }
+  });
 }
 
 // The int32 lanes of signed bytes w times x, four products each, with w's
@@ -430,7 +438,8 @@ inline __m256i x_column(const BlockQ8_0Act& x, int c) {
 template <typename F, int G, int T>
 inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kLegacyPanelRows * F::kBytes;
-  constexpr LegacyPanelLayout l = legacy_panel_layout(F::kType);
+  // (static: GCC 12 warns of a constexpr local that a lambda reads as uninitialized)
+  static constexpr LegacyPanelLayout l = legacy_panel_layout(F::kType);
   constexpr bool kFifth = l.qh >= 0;
   constexpr bool kLevels = F::kType == DType::kIQ4_NL;
   constexpr int kColumnPairsPerWidening = kFifth ? 2 : 4;  // pairs (a low and a high column) summed in int16
@@ -441,18 +450,19 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
   zero(acc);
   const int64_t n_blocks = a.k / 32;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  [[maybe_unused]] const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlLevels)));
+  [[maybe_unused]] const __m256i levels =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlLevels)));
   for (int64_t b = 0; b < n_blocks; ++b) {
     const int64_t off = b * kPanelBytes;
     tile.fetch(off, kPanelBytes);
-    for (int g = 0; g < G; ++g) {
+    unrolled<G>([&](auto g) {
       const uint8_t* pb = tile.at(g, off);
-      for (int h = 0; h < 2; ++h) {
+      unrolled<2>([&](auto h) {
         __m256i dot[T], sum16[T];
-        for (int t = 0; t < T; ++t) {
+        unrolled<T>([&](auto t) {
           dot[t] = _mm256_set1_epi32(kLevels ? 0 : -F::kOffset * xs[t][b]);
           sum16[t] = _mm256_setzero_si256();
-        }
+        });
         for (int j = 0; j < 4; ++j) {
           const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + l.qs + 64 * j + 32 * h));
           __m256i lo = _mm256_and_si256(packed, low4);
@@ -460,31 +470,36 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
           if constexpr (kLevels) {
             lo = _mm256_shuffle_epi8(levels, lo);
             hi = _mm256_shuffle_epi8(levels, hi);
-            for (int t = 0; t < T; ++t)
+            unrolled<T>([&](auto t) {
               dot[t] = _mm256_add_epi32(dot[t], _mm256_add_epi32(signed_dot_lanes(lo, x_column(x[t][b], j)),
                                                                  signed_dot_lanes(hi, x_column(x[t][b], 4 + j))));
-            continue;
+            });
+          } else {
+            if constexpr (kFifth) {  // bit 4 from masks j and 4 + j (this half's 32 bits of each)
+              lo = _mm256_or_si256(lo, fifth_bits32(pb + l.qh + 8 * j + 4 * h));
+              hi = _mm256_or_si256(hi, fifth_bits32(pb + l.qh + 8 * (4 + j) + 4 * h));
+            }
+            unrolled<T>([&](auto t) {
+              sum16[t] =
+                  _mm256_add_epi16(sum16[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_column(x[t][b], j)),
+                                                              _mm256_maddubs_epi16(hi, x_column(x[t][b], 4 + j))));
+            });
+            if ((j + 1) % kColumnPairsPerWidening == 0) widen_pair_sums(dot, sum16);
           }
-          if constexpr (kFifth) {  // bit 4 from masks j and 4 + j (this half's 32 bits of each)
-            lo = _mm256_or_si256(lo, fifth_bits32(pb + l.qh + 8 * j + 4 * h));
-            hi = _mm256_or_si256(hi, fifth_bits32(pb + l.qh + 8 * (4 + j) + 4 * h));
-          }
-          for (int t = 0; t < T; ++t)
-            sum16[t] = _mm256_add_epi16(sum16[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_column(x[t][b], j)),
-                                                                   _mm256_maddubs_epi16(hi, x_column(x[t][b], 4 + j))));
-          if ((j + 1) % kColumnPairsPerWidening == 0) widen_pair_sums(dot, sum16);
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + l.d + 16 * h)));
         [[maybe_unused]] __m256 m;
-        if constexpr (F::kMin) m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + l.m + 16 * h)));
-        for (int t = 0; t < T; ++t) {
+        if constexpr (F::kMin)
+          m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + l.m + 16 * h)));
+        unrolled<T>([&](auto t) {
           const float dx = x[t][b].d;
-          acc[g][h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc[g][h][t]);
+          acc[g][h][t] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc[g][h][t]);
           if constexpr (F::kMin)
             acc[g][h][t] = _mm256_fmadd_ps(m, _mm256_set1_ps(dx * static_cast<float>(xs[t][b])), acc[g][h][t]);
-        }
-      }
-    }
+        });
+      });
+    });
   }
   store_panel_tile(a, g0, t0, job, acc);
 }
@@ -529,9 +544,9 @@ inline void tile_q45_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
     for (int j = 0; j < 8; ++j) {
       tile.fetch(off + j * kSubBlockBytes, kSubBlockBytes);
       const int shift = 8 * (j % 4);
-      for (int g = 0; g < G; ++g) {
+      unrolled<G>([&](auto g) {
         const uint8_t* pb = tile.at(g, off);
-        for (int h = 0; h < 2; ++h) {
+        unrolled<2>([&](auto h) {
           const auto scales = [&](int v) {
             return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQ4KPanelScales + 64 * v + 32 * h));
           };
@@ -542,36 +557,41 @@ inline void tile_q45_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
           } else {
             const __m256i hi_sc = _mm256_and_si256(_mm256_srli_epi32(scales(0), shift + 6), low2_32);
             const __m256i hi_m = _mm256_and_si256(_mm256_srli_epi32(scales(1), shift + 6), low2_32);
-            sc = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(scales(2), shift), low4_32), _mm256_slli_epi32(hi_sc, 4));
-            m = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(scales(2), shift + 4), low4_32), _mm256_slli_epi32(hi_m, 4));
+            sc = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(scales(2), shift), low4_32),
+                                 _mm256_slli_epi32(hi_sc, 4));
+            m = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(scales(2), shift + 4), low4_32),
+                                _mm256_slli_epi32(hi_m, 4));
           }
           const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + 16 * h)));
           const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + 32 + 16 * h)));
           const __m256 dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
           const __m256 dmm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m));
           __m256i dot[T], sum16[T];
-          for (int t = 0; t < T; ++t) dot[t] = sum16[t] = _mm256_setzero_si256();
+          unrolled<T>([&](auto t) { dot[t] = sum16[t] = _mm256_setzero_si256(); });
           for (int c = 0; c < 8; ++c) {
             const __m256i packed =
                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQs + 64 * (8 * (j / 2) + c) + 32 * h));
             __m256i codes = _mm256_and_si256(j % 2 == 0 ? packed : _mm256_srli_epi16(packed, 4), low4);
             if constexpr (kQ5) {  // bit j of each byte of the column's qh to bit 4
-              const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQ5KPanelQh + 64 * c + 32 * h));
+              const __m256i qh =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQ5KPanelQh + 64 * c + 32 * h));
               const __m256i fifth = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
               codes = _mm256_or_si256(codes, _mm256_and_si256(fifth, _mm256_set1_epi8(0x10)));
             }
-            for (int t = 0; t < T; ++t)
+            unrolled<T>([&](auto t) {
               sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(codes, x_column(x[t][8 * s + j], c)));
+            });
             if ((c + 1) % kColumnsPerWidening == 0) widen_pair_sums(dot, sum16);
           }
-          for (int t = 0; t < T; ++t) {
+          unrolled<T>([&](auto t) {
             const float dx = x[t][8 * s + j].d;
             const __m256 dx_sum = _mm256_set1_ps(dx * static_cast<float>(xs[t][8 * s + j]));
-            acc[g][h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(dsc, _mm256_set1_ps(dx)), acc[g][h][t]);
+            acc[g][h][t] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(dsc, _mm256_set1_ps(dx)), acc[g][h][t]);
             acc[g][h][t] = _mm256_fnmadd_ps(dmm, dx_sum, acc[g][h][t]);
-          }
-        }
-      }
+          });
+        });
+      });
     }
   }
   store_panel_tile(a, g0, t0, job, acc);
@@ -588,11 +608,15 @@ inline __m256i q6_k_fourth_code(__m256i a, __m256i b, __m256i c) {
 // d * scale 2 k + e of q6_K block k for the 8 rows of half rh (AVX-512's q6_k_scale).
 inline __m256 q6_k_scale(const uint8_t* panel, int k, int e, int rh) {
   const int byte = 2 * (k % 2) + e;
-  const __m256i sv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + kQ6KPanelScales + 64 * (k / 2) + 32 * rh));
+  const __m256i sv =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + kQ6KPanelScales + 64 * (k / 2) + 32 * rh));
   const __m256i sc = _mm256_srai_epi32(_mm256_sll_epi32(sv, _mm_cvtsi32_si128(24 - 8 * byte)), 24);
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + kQ6KPanelD + 16 * rh)));
   return _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
 }
+
+// The order in which a q6_K tile adds a 128-element half's four blocks (AVX-512's).
+constexpr int kQ6KBlockOrder[4] = {0, 2, 1, 3};
 
 // q6_K's panel tile (panels: k_quants.h), AVX-512's tile_q6_k_panel for
 // each half of 8 rows: the 6-bit codes' pairs (at most 2 * 63 * 127) summed
@@ -614,27 +638,28 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
   for (int64_t s = 0; s < n_super; ++s) {
     const int64_t off = s * kPanelBytes;
     int32_t half[T][8][2];  // the half sums of every token's eight activation blocks
-    for (int t = 0; t < T; ++t)
+    unrolled<T>([&](auto t) {
       for (int k = 0; k < 8; ++k) {
         half[t][k][0] = first_half_sum(x[t][8 * s + k]);
         half[t][k][1] = xs[t][8 * s + k] - half[t][k][0];
       }
+    });
     const auto add = [&](int k, int e, int g, int rh, int t, __m256i dot) {
       const __m256 dx = _mm256_set1_ps(x[t][8 * s + k].d);
-      acc[g][rh][t] =
-          _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(q6_k_scale(tile.at(g, off), k, e, rh), dx), acc[g][rh][t]);
+      acc[g][rh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(q6_k_scale(tile.at(g, off), k, e, rh), dx),
+                                      acc[g][rh][t]);
     };
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2; ++h) {  // (a loop, as AVX-512's: unrolled, it doubles the code)
       for (int e = 0; e < 2; ++e) {
         tile.fetch(off + (2 * h + e) * kQuarterBytes, kQuarterBytes);
-        for (int g = 0; g < G; ++g) {
-          for (int rh = 0; rh < 2; ++rh) {
+        unrolled<G>([&](auto g) {
+          unrolled<2>([&](auto rh) {
             if constexpr (T == 1) {
               __m256i dot[4], sum16[4];
-              for (int i = 0; i < 4; ++i) {
+              unrolled<4>([&](auto i) {
                 dot[i] = _mm256_set1_epi32(-32 * half[0][4 * h + i][e]);
                 sum16[i] = _mm256_setzero_si256();
-              }
+              });
               unrolled<4>([&](auto c_) {
                 constexpr int cc = decltype(c_)::value;
                 const int c = 4 * e + cc;
@@ -642,36 +667,42 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
                 const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
                 const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 64));
                 const __m256i vc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 128));
-                const __m256i codes[4] = {_mm256_and_si256(va, low6), _mm256_and_si256(vb, low6), _mm256_and_si256(vc, low6),
-                                          q6_k_fourth_code(va, vb, vc)};
-                for (int i = 0; i < 4; ++i)
-                  sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(codes[i], x_column(x[0][8 * s + 4 * h + i], c)));
+                const __m256i codes[4] = {_mm256_and_si256(va, low6), _mm256_and_si256(vb, low6),
+                                          _mm256_and_si256(vc, low6), q6_k_fourth_code(va, vb, vc)};
+                unrolled<4>([&](auto i) {
+                  sum16[i] =
+                      _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(codes[i], x_column(x[0][8 * s + 4 * h + i], c)));
+                });
                 if constexpr (cc % 2 == 1) widen_pair_sums(dot, sum16);
               });
-              for (int i : {0, 2, 1, 3}) add(4 * h + i, e, g, rh, 0, dot[i]);
+              unrolled<4>([&](auto n) { add(4 * h + kQ6KBlockOrder[n], e, g, rh, 0, dot[kQ6KBlockOrder[n]]); });
             } else {
-              for (int i : {0, 2, 1, 3}) {
+              for (int i : kQ6KBlockOrder) {  // (a loop: unrolled, prompts ran 17 % slower)
                 const int k = 4 * h + i;
                 __m256i dot[T], sum16[T];
-                for (int t = 0; t < T; ++t) {
+                unrolled<T>([&](auto t) {
                   dot[t] = _mm256_set1_epi32(-32 * half[t][k][e]);
                   sum16[t] = _mm256_setzero_si256();
-                }
+                });
                 unrolled<4>([&](auto c_) {
                   constexpr int cc = decltype(c_)::value;
                   const int c = 4 * e + cc;
                   const uint8_t* v = q6_k_code_vectors(tile.at(g, off), h, c) + 32 * rh;
-                  const auto load = [&](int n) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 64 * n)); };
-                  const __m256i code = i < 3 ? _mm256_and_si256(load(i), low6) : q6_k_fourth_code(load(0), load(1), load(2));
-                  for (int t = 0; t < T; ++t)
+                  const auto load = [&](int n) {
+                    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 64 * n));
+                  };
+                  const __m256i code =
+                      i < 3 ? _mm256_and_si256(load(i), low6) : q6_k_fourth_code(load(0), load(1), load(2));
+                  unrolled<T>([&](auto t) {
                     sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(code, x_column(x[t][8 * s + k], c)));
+                  });
                   if constexpr (cc % 2 == 1) widen_pair_sums(dot, sum16);
                 });
-                for (int t = 0; t < T; ++t) add(k, e, g, rh, t, dot[t]);
+                unrolled<T>([&](auto t) { add(k, e, g, rh, t, dot[t]); });
               }
             }
-          }
-        }
+          });
+        });
       }
     }
   }
@@ -708,11 +739,13 @@ inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
       for (int g = 0; g < G; ++g)
         for (int rh = 0; rh < 2; ++rh) {
           const auto load = [&](int n) {
-            return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile.at(g, off + kQ3KPanelScales + 64 * n + 32 * rh)));
+            return _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(tile.at(g, off + kQ3KPanelScales + 64 * n + 32 * rh)));
           };
           const __m256i low0 = load(0), low1 = load(1), high = load(2);
           const __m256i lows[4] = {low0, low1, _mm256_srli_epi16(low0, 4), _mm256_srli_epi16(low1, 4)};
-          const __m256i highs[4] = {_mm256_slli_epi16(high, 4), _mm256_slli_epi16(high, 2), high, _mm256_srli_epi16(high, 2)};
+          const __m256i highs[4] = {_mm256_slli_epi16(high, 4), _mm256_slli_epi16(high, 2), high,
+                                    _mm256_srli_epi16(high, 2)};
           for (int m = 0; m < 4; ++m)  // (lows & 0x0F) | (highs & 0x30), minus 32
             scales[g][rh][m] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(lows[m], _mm256_set1_epi8(0x0F)),
                                                                _mm256_and_si256(highs[m], _mm256_set1_epi8(0x30))),
@@ -737,13 +770,14 @@ inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
           if constexpr (kQ3) {
             for (int h = 0; h < 2; ++h) {
               const int is = 2 * k + h, i = is % 4;  // (byte i of scales[g][rh][is / 4], sign-extended)
-              sc[h] = _mm256_srai_epi32(i == 3 ? scales[g][rh][is / 4] : _mm256_slli_epi32(scales[g][rh][is / 4], 24 - 8 * i), 24);
+              sc[h] = _mm256_srai_epi32(
+                  i == 3 ? scales[g][rh][is / 4] : _mm256_slli_epi32(scales[g][rh][is / 4], 24 - 8 * i), 24);
             }
           } else {
             constexpr uint32_t b = 2 * (k % 2);
             const __m256i pick = _mm256_set1_epi32(static_cast<int32_t>(0x80008000u | b | (b + 1) << 16));
-            const __m256i lane_base =
-                _mm256_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
+            const __m256i lane_base = _mm256_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12,
+                                                      12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
             const __m256i bytes = _mm256_shuffle_epi8(
                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kQ2KPanelScales + 64 * (k / 2) + 32 * rh)),
                 _mm256_or_si256(pick, lane_base));
@@ -756,12 +790,15 @@ inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
             __m256i sum16[T];
             for (int t = 0; t < T; ++t) sum16[t] = _mm256_setzero_si256();
             for (int v = 0; v < 4; ++v) {
-              const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * (8 * c + 4 * h + v) + 32 * rh));
+              const __m256i plane =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * (8 * c + 4 * h + v) + 32 * rh));
               __m256i codes = _mm256_and_si256(j == 0 ? plane : _mm256_srli_epi16(plane, 2 * j), low2);
               if constexpr (kQ3)  // the high bit, as bit 2 of the codes it marks
-                codes = _mm256_or_si256(codes, marked_bytes32(pb + kQ3KPanelHmask + 8 * (8 * k + 4 * h + v) + 4 * rh, 4));
+                codes =
+                    _mm256_or_si256(codes, marked_bytes32(pb + kQ3KPanelHmask + 8 * (8 * k + 4 * h + v) + 4 * rh, 4));
               for (int t = 0; t < T; ++t)
-                sum16[t] = _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(codes, x_column(x[t][8 * s + k], 4 * h + v)));
+                sum16[t] =
+                    _mm256_add_epi16(sum16[t], _mm256_maddubs_epi16(codes, x_column(x[t][8 * s + k], 4 * h + v)));
             }
             for (int t = 0; t < T; ++t) {
               __m256i dot = _mm256_madd_epi16(sum16[t], _mm256_set1_epi16(1));
@@ -770,16 +807,18 @@ inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
               sum[t] = h == 0 ? scaled : _mm256_add_epi32(sum[t], scaled);
             }
           }
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + (kQ3 ? kQ3KPanelD : kQ2KPanelD) + 16 * rh)));
+          const __m256 d = _mm256_cvtph_ps(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + (kQ3 ? kQ3KPanelD : kQ2KPanelD) + 16 * rh)));
           for (int t = 0; t < T; ++t) {
             const float dx = x[t][8 * s + k].d;
             const __m256 dot_scale = _mm256_set1_ps(dx * code_scale_inverse(kCodeShift[j]));
-            acc[g][rh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_slli_epi32(sum[t], kCodeShift[j])), _mm256_mul_ps(d, dot_scale),
-                                            acc[g][rh][t]);
+            acc[g][rh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_slli_epi32(sum[t], kCodeShift[j])),
+                                            _mm256_mul_ps(d, dot_scale), acc[g][rh][t]);
             if constexpr (!kQ3) {
-              const __m256i half_sums = _mm256_set1_epi32(
-                  static_cast<int32_t>((static_cast<uint32_t>(half[t][0]) & 0xFFFF) | static_cast<uint32_t>(half[t][1]) << 16));
-              const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + kQ2KPanelDmin + 16 * rh)));
+              const __m256i half_sums = _mm256_set1_epi32(static_cast<int32_t>(
+                  (static_cast<uint32_t>(half[t][0]) & 0xFFFF) | static_cast<uint32_t>(half[t][1]) << 16));
+              const __m256 dmin =
+                  _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + kQ2KPanelDmin + 16 * rh)));
               acc[g][rh][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mins, half_sums)),
                                                _mm256_mul_ps(dmin, _mm256_set1_ps(dx)), acc[g][rh][t]);
             }
@@ -814,33 +853,40 @@ inline void tile_iq4_xs_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
     const int64_t off = s * kPanelBytes;
     for (int j = 0; j < 8; ++j) {
       tile.fetch(off + j * kStepBytes, kStepBytes);
-      for (int g = 0; g < G; ++g) {
+      unrolled<G>([&](auto g) {
         const uint8_t* pb = tile.at(g, off);
-        for (int rh = 0; rh < 2; ++rh) {
+        unrolled<2>([&](auto rh) {
           __m256i dot[T];
-          for (int t = 0; t < T; ++t) dot[t] = _mm256_setzero_si256();
+          unrolled<T>([&](auto t) { dot[t] = _mm256_setzero_si256(); });
           for (int v = 0; v < 4; ++v) {
-            const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * (4 * j + v) + 32 * rh));
+            const __m256i packed =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 * (4 * j + v) + 32 * rh));
             const __m256i lo = _mm256_shuffle_epi8(levels, _mm256_and_si256(packed, low4));
             const __m256i hi = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4));
-            for (int t = 0; t < T; ++t)
-              dot[t] = _mm256_add_epi32(dot[t], _mm256_add_epi32(signed_dot_lanes(lo, x_column(x[t][8 * s + j], v)),
-                                                                 signed_dot_lanes(hi, x_column(x[t][8 * s + j], 4 + v))));
+            unrolled<T>([&](auto t) {
+              dot[t] =
+                  _mm256_add_epi32(dot[t], _mm256_add_epi32(signed_dot_lanes(lo, x_column(x[t][8 * s + j], v)),
+                                                            signed_dot_lanes(hi, x_column(x[t][8 * s + j], 4 + v))));
+            });
           }
           // ls_j: nibble j % 2 of scales_l byte j / 2, and bits 2j, 2j+1 of scales_h as bits 4-5.
-          const __m256i scales_l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kIQ4XSPanelScalesL + 32 * rh));
-          const __m256i scales_h =
-              _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + kIQ4XSPanelScalesH + 16 * rh)));
+          const __m256i scales_l =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + kIQ4XSPanelScalesL + 32 * rh));
+          const __m256i scales_h = _mm256_cvtepu16_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + kIQ4XSPanelScalesH + 16 * rh)));
           const __m256i ls_lo = _mm256_and_si256(_mm256_srli_epi32(scales_l, 8 * (j / 2) + 4 * (j % 2)), low4_32);
           const __m256i ls_hi = _mm256_and_si256(_mm256_srli_epi32(scales_h, 2 * j), _mm256_set1_epi32(3));
-          const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(ls_lo, _mm256_slli_epi32(ls_hi, 4)), _mm256_set1_epi32(32));
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + kIQ4XSPanelD + 16 * rh)));
+          const __m256i ls =
+              _mm256_sub_epi32(_mm256_or_si256(ls_lo, _mm256_slli_epi32(ls_hi, 4)), _mm256_set1_epi32(32));
+          const __m256 d =
+              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + kIQ4XSPanelD + 16 * rh)));
           const __m256 dls = _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls));
-          for (int t = 0; t < T; ++t)
-            acc[g][rh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(dls, _mm256_set1_ps(x[t][8 * s + j].d)),
-                                            acc[g][rh][t]);
-        }
-      }
+          unrolled<T>([&](auto t) {
+            acc[g][rh][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]),
+                                            _mm256_mul_ps(dls, _mm256_set1_ps(x[t][8 * s + j].d)), acc[g][rh][t]);
+          });
+        });
+      });
     }
   }
   store_panel_tile(a, g0, t0, job, acc);
@@ -875,7 +921,8 @@ constexpr PanelPlan kBlockPanelPlan{1, 4, 1, 128};
 template <typename F>
 void gemm_legacy(const GemmArgs& a, int64_t b, int64_t e) {
   if constexpr (avx2_reads_block_panels(F::kType)) {
-    if (is_panel_layout(F::kType, a.w_group)) return block_panel_driver<LegacyPanelTile<F>::template Fn, kBlockPanelPlan>(a, b, e);
+    if (is_panel_layout(F::kType, a.w_group))
+      return block_panel_driver<LegacyPanelTile<F>::template Fn, kBlockPanelPlan>(a, b, e);
   }
   gemm_any_layout<LegacyPanelRow<DotLanes, F>, gemm_legacy_chunks<DotLanes, F>>(a, b, e);
 }
@@ -883,7 +930,8 @@ void gemm_legacy(const GemmArgs& a, int64_t b, int64_t e) {
 // q4_K, q5_K and q6_K (Row: their rows out of panels; ChunkGemm: their chunk-group tiles), likewise.
 template <DType kType, typename Row, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
 void gemm_k_quant(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(kType, a.w_group)) return block_panel_driver<KQuantPanelTile<kType>::template Fn, kBlockPanelPlan>(a, b, e);
+  if (is_panel_layout(kType, a.w_group))
+    return block_panel_driver<KQuantPanelTile<kType>::template Fn, kBlockPanelPlan>(a, b, e);
   gemm_any_layout<Row, ChunkGemm>(a, b, e);
 }
 
