@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kernels/gemm_driver.h"
@@ -53,6 +54,14 @@ struct BlockPanelTileWith {
     }
   }
 };
+
+// The four activations at column c (elements 4c..4c+3) of a block, as one
+// 32-bit lane (each variant's x_column broadcasts it).
+inline int32_t x_column_lane(const BlockQ8_0Act& x, int c) {
+  int32_t v;
+  std::memcpy(&v, x.qs + 4 * c, 4);
+  return v;
+}
 
 // The sum of the first 16 of a block's activations.
 inline int32_t first_half_sum(const BlockQ8_0Act& x) {

@@ -414,11 +414,7 @@ inline __m256i signed_dot_lanes(__m256i w, __m256i x) {
 }
 
 // Four activations at column c (elements 4c..4c+3) of a block, broadcast.
-inline __m256i x_column(const BlockQ8_0Act& x, int c) {
-  int32_t v;
-  std::memcpy(&v, x.qs + 4 * c, 4);
-  return _mm256_set1_epi32(v);
-}
+inline __m256i x_column(const BlockQ8_0Act& x, int c) { return _mm256_set1_epi32(x_column_lane(x, c)); }
 
 // The panel tile of the 4- and 5-bit 32-element types (q4_0, q4_1, q5_0,
 // q5_1, iq4_nl; panels: legacy_quants.h): AVX-512's tile_legacy_panel

@@ -747,11 +747,7 @@ template <int G, int T>
 using BlockPanelTile = BlockPanelTileWith<G, T, kBlockPanelPrefetchBytes, kBlockPanelStreamPrefetchBytes>;
 
 // Four activations at column c (elements 4c..4c+3) of a block, broadcast.
-inline __m512i x_column(const BlockQ8_0Act& x, int c) {
-  int32_t v;
-  std::memcpy(&v, x.qs + 4 * c, 4);
-  return _mm512_set1_epi32(v);
-}
+inline __m512i x_column(const BlockQ8_0Act& x, int c) { return _mm512_set1_epi32(x_column_lane(x, c)); }
 
 // The 32-element types' panel tile (panels: legacy_quants.h; q8_0's too,
 // its values + 128 as the codes): G groups of
