@@ -911,24 +911,29 @@ struct KQuantPanelTile {
 // stream a thread, as AVX-512's.
 constexpr PanelPlan kBlockPanelPlan{1, 4, 1, 128};
 
-// The 32-element types: their panel tile where they are in panels and it
-// has one (avx2_reads_block_panels), else their rows out of the panels,
-// else the chunk-group tiles.
+// The block types but q8_0: their panel tiles where they are in panels
+// (interleaved_layout), else their chunk-group tiles (a layout built for
+// the scalar reference: tests).
 template <typename F>
 void gemm_legacy(const GemmArgs& a, int64_t b, int64_t e) {
-  if constexpr (avx2_reads_block_panels(F::kType)) {
-    if (is_panel_layout(F::kType, a.w_group))
-      return block_panel_driver<LegacyPanelTile<F>::template Fn, kBlockPanelPlan>(a, b, e);
-  }
-  gemm_any_layout<LegacyPanelRow<DotLanes, F>, gemm_legacy_chunks<DotLanes, F>>(a, b, e);
+  static_assert(avx2_reads_block_panels(F::kType));
+  if (is_panel_layout(F::kType, a.w_group))
+    return block_panel_driver<LegacyPanelTile<F>::template Fn, kBlockPanelPlan>(a, b, e);
+  gemm_legacy_chunks<DotLanes, F>(a, b, e);
 }
 
-// q4_K, q5_K and q6_K (Row: their rows out of panels; ChunkGemm: their chunk-group tiles), likewise.
-template <DType kType, typename Row, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
+template <DType kType, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
 void gemm_k_quant(const GemmArgs& a, int64_t b, int64_t e) {
+  static_assert(avx2_reads_block_panels(kType));
   if (is_panel_layout(kType, a.w_group))
     return block_panel_driver<KQuantPanelTile<kType>::template Fn, kBlockPanelPlan>(a, b, e);
-  gemm_any_layout<Row, ChunkGemm>(a, b, e);
+  ChunkGemm(a, b, e);
+}
+
+// q8_0: its chunk-group tiles, or its rows out of AVX-512's panels.
+void gemm_q8_0_any_layout(const GemmArgs& a, int64_t b, int64_t e) {
+  if (is_panel_layout(DType::kQ8_0, a.w_group)) return gemm_q8_0_panel_rows<DotLanes>(a, b, e);
+  gemm_q8_0(a, b, e);
 }
 
 }  // namespace
@@ -937,18 +942,18 @@ const IsaKernels kAvx2Kernels = {
     gemm_f32,
     gemm_f16,
     gemm_bf16,
-    gemm_any_layout<LegacyPanelRow<DotLanes, Q8_0Format>, gemm_q8_0>,
-    gemm_k_quant<DType::kQ4_K, Q4KPanelRow<DotLanes>, gemm_q45_k_chunks<DotLanes, Q4KUnpack>>,
-    gemm_k_quant<DType::kQ6_K, Q6KPanelRow, gemm_q16_k<Q6KUnpack>>,
+    gemm_q8_0_any_layout,
+    gemm_k_quant<DType::kQ4_K, gemm_q45_k_chunks<DotLanes, Q4KUnpack>>,
+    gemm_k_quant<DType::kQ6_K, gemm_q16_k<Q6KUnpack>>,
     gemm_legacy<Q4_0Format>,
     gemm_legacy<Q4_1Format>,
     gemm_legacy<Q5_0Format>,
     gemm_legacy<Q5_1Format>,
     gemm_legacy<IQ4NLFormat>,
-    gemm_k_quant<DType::kQ5_K, Q5KPanelRow<DotLanes>, gemm_q45_k_chunks<DotLanes, Q5KUnpack>>,
-    gemm_k_quant<DType::kQ2_K, Q23KPanelRow<DType::kQ2_K, BlockQ2_K>, gemm_q16_k<Q2KUnpack>>,
-    gemm_k_quant<DType::kQ3_K, Q23KPanelRow<DType::kQ3_K, BlockQ3_K>, gemm_q16_k<Q3KUnpack>>,
-    gemm_k_quant<DType::kIQ4_XS, IQ4XSPanelRow, gemm_q45_k_chunks<DotLanes, IQ4XSUnpack>>,
+    gemm_k_quant<DType::kQ5_K, gemm_q45_k_chunks<DotLanes, Q5KUnpack>>,
+    gemm_k_quant<DType::kQ2_K, gemm_q16_k<Q2KUnpack>>,
+    gemm_k_quant<DType::kQ3_K, gemm_q16_k<Q3KUnpack>>,
+    gemm_k_quant<DType::kIQ4_XS, gemm_q45_k_chunks<DotLanes, IQ4XSUnpack>>,
     attention_tile_vec,
     silu_mul_vec,
     Vec::narrow,

@@ -755,7 +755,7 @@ inline __m512i x_column(const BlockQ8_0Act& x, int c) { return _mm512_set1_epi32
 // meets the token's 4 activations at that column broadcast (vpdpbusd), so
 // each lane sums its row's exact integer dot product of the block, started
 // at -offset * sum(x); then per block one FMA with d * dx (and, with a min,
-// one of m with dx * sum(x)), the steps of LegacyPanelRow. Against
+// one of m with dx * sum(x)). Against
 // the tiles of plain rows, a block costs its float steps once per 16 rows
 // instead of once per row.
 template <typename F, int G, int T>
@@ -835,8 +835,7 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
 // q4_K's and q5_K's panel tile (panels: k_quants.h): G groups of 16 rows x
 // T tokens, as the 32-element types' (tile_legacy_panel), per sub-block j
 // of 32: each lane's exact integer dot product, then one FMA with (d *
-// sc_j) * dx and one of -(dmin * m_j) with dx * sum(x), the steps of
-// Q45KPanelRow. q5_K's fifth bits come from its qh vector of the column.
+// sc_j) * dx and one of -(dmin * m_j) with dx * sum(x). q5_K's fifth bits come from its qh vector of the column.
 template <DType kType, int G, int T>
 inline void tile_q45_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr bool kQ5 = kType == DType::kQ5_K;
@@ -945,7 +944,7 @@ inline __m512 q6_k_scale(const uint8_t* panel, int k, int e) {
 // dot product of its row's q (0..63) with x, started at -32 times the
 // half's sum(x), then one FMA with (d * sc_{2k+e}) * dx; in the order h
 // (the 128-element half of the block), e, then k = 4 h + i for i = 0, 2,
-// 1, 3. The steps of Q6KPanelRow. A decode tile takes the four blocks of
+// 1, 3. A decode tile takes the four blocks of
 // a half together, from the same three code vectors per column, two groups
 // at a time (four blocks of four groups would not leave registers for the
 // rest).
@@ -1030,8 +1029,7 @@ inline void tile_q6_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pan
 // T tokens. Per activation block k = 4c + j (sub-blocks 2k and 2k + 1, one
 // per 16-element half h), each lane's exact integer sum over the block of
 // scale * code * x, then one FMA with d * dx; q2_K adds one of -(dmin * dx)
-// with the integer sum over the halves of min * sum(x). These are
-// Q23KPanelRow's integers and float steps.
+// with the integer sum over the halves of min * sum(x).
 //  - Codes are taken where they lie in the plane's bytes (bit pair j masked
 //    in place, for q3_K with its high bit added above from a mask), so
 //    they come out times 2^kQ23KCodeShift[q3][j]; dx is taken times its
@@ -1164,8 +1162,7 @@ inline void tile_q23_k_panel(const GemmArgs& a, int64_t g0, int64_t t0, const Pa
 // iq4_xs's panel tile (panels: k_quants.h): G groups of 16 rows x T
 // tokens. Per sub-block j, each lane's exact integer dot product of its
 // row's levels + 128 (a byte shuffle of the nibbles, as iq4_nl's) with x,
-// started at -128 times sum(x), then one FMA with (d * (ls_j - 32)) * dx:
-// the steps of IQ4XSPanelRow.
+// started at -128 times sum(x), then one FMA with (d * (ls_j - 32)) * dx.
 template <int G, int T>
 inline void tile_iq4_xs_panel(const GemmArgs& a, int64_t g0, int64_t t0, const PanelTileJob& job) {
   constexpr int64_t kPanelBytes = kPanelRows * static_cast<int64_t>(sizeof(BlockIQ4_XS));

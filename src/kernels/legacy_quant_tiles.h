@@ -166,28 +166,34 @@ struct LegacyTile {
   };
 };
 
-// A 32-element type's rows out of its panels (gemm_panel_rows): per block
-// one FMA with d * dx and, with a min, one of m with dx * sum(x).
-template <typename Dot, typename F>
-struct LegacyPanelRow {
-  static constexpr DType kType = F::kType;
-  static constexpr int64_t kBytes = F::kBytes, kElements = 32;
-  static void unpack(const uint8_t* panel, int r, uint8_t* block) { unpack_legacy_panel_row(F::kType, panel, r, block); }
-  static float accumulate(const uint8_t* block, const BlockQ8_0Act* x, float acc) {
-    const __m256i xv = load_x(*x);
-    // (AVX2's u8 x s8 step saturates at codes as large as iq4_nl's and
-    // q8_0's: the signed values, with their sign moved onto x, as
-    // tile_legacy does.)
-    const __m256i q = legacy_values<F>(block);
-    const int32_t dot = hsum_epi32(F::kMin ? Dot::lanes(q, xv) : Dot::lanes(_mm256_abs_epi8(q), _mm256_sign_epi8(xv, q)));
-    acc = fma1(static_cast<float>(dot), f16_at(block) * x->d, acc);
-    if constexpr (F::kMin) {
-      const int32_t xsum = hsum_epi32(Dot::lanes(_mm256_set1_epi8(1), xv));
-      acc = fma1(f16_at(block + 2), x->d * static_cast<float>(xsum), acc);
+// q8_0's panels outside AVX-512 (AVX2 reads q8_0 in chunk groups, so
+// this runs when AVX-512's layout meets AVX2's kernels: tests, a forced
+// TANDEM_ISA), a row and a token at a time: each block read back out of
+// its panel block, then its exact integer dot product and one FMA with
+// d * dx, the steps of AVX-512's panel tile, so bitwise its results.
+template <typename Dot>
+void gemm_q8_0_panel_rows(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
+  constexpr int64_t kBytes = Q8_0Format::kBytes;
+  const int64_t n_blocks = a.k / 32;
+  const int64_t stride = kBytes * a.w_group;
+  uint8_t block[kBytes];
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const BlockQ8_0Act* x = a.xq + t * a.ldxq;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const uint8_t* group = a.w + static_cast<size_t>(r / a.w_group * a.w_group) * a.w_row_bytes;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        unpack_legacy_panel_row(DType::kQ8_0, group + b * stride, static_cast<int>(r % a.w_group), block);
+        // (AVX2's u8 x s8 step saturates at codes as large as q8_0's: the
+        // signed values, with their sign moved onto x, as tile_legacy does.)
+        const __m256i q = legacy_values<Q8_0Format>(block);
+        const int32_t dot = hsum_epi32(Dot::lanes(_mm256_abs_epi8(q), _mm256_sign_epi8(load_x(x[b]), q)));
+        acc = fma1(static_cast<float>(dot), f16_at(block) * x[b].d, acc);
+      }
+      a.y[t * a.ldy + r] = acc;
     }
-    return acc;
   }
-};
+}
 
 // A 32-element type's chunk-group tiles.
 template <typename Dot, typename F>
