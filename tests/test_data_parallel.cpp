@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 #include <filesystem>
+#include <latch>
 #include <thread>
 
 #include "model_fixtures.h"
@@ -68,6 +69,32 @@ TEST(DataParallelServe, TwoRanksServeConcurrentRequestsAsOneInstanceWouldAndBala
   EXPECT_LE(before, r1 + 1);
   EXPECT_LE(r1, after + 1);
   EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_dp_group_failures_total{rank=\"0\"}"), 0);
+}
+
+// Requests that arrive together are spread as they arrive: the front counts
+// each at its rank from the moment it picks it, before the rank's server
+// has parsed it, so six long requests sent at once split three and three
+// (counted only once parsed, a burst could all stay on rank 0).
+TEST(DataParallelServe, ABurstOfRequestsIsSpreadBeforeAnyIsParsed) {
+  Serve dp("--data-parallel-size 2");
+  ASSERT_TRUE(dp.ready(2)) << dp.group->log();
+  constexpr int kRequests = 6;  // (fewer than the server's 8 HTTP threads)
+  std::latch start(kRequests);
+  std::vector<json> got(kRequests);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i)
+    clients.emplace_back([&, i] {
+      start.arrive_and_wait();
+      // Long enough that none ends before the last is picked.
+      json b = {{"prompt", "burst " + std::to_string(i)}, {"max_tokens", 400}, {"temperature", 0}, {"ignore_eos", true}};
+      got[static_cast<size_t>(i)] = post(dp.port, b);
+    });
+  for (auto& t : clients) t.join();
+  for (const json& r : got) ASSERT_EQ(texts(r).size(), 1u) << r.dump();
+  const auto [host1, port1] = rank_address(dp.port, 1);
+  ASSERT_GT(port1, 0);
+  EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_request_success_total"), kRequests / 2);
+  EXPECT_EQ(metric(host1, port1, "tandem_request_success_total"), kRequests / 2);
 }
 
 TEST(DataParallelServe, AnIdleRankRunsDummyStepsBesideTheBusyOneWithoutAHang) {
@@ -214,14 +241,7 @@ TEST(DataParallelTwoHosts, RanksInTwoNetworkNamespacesServeInLockstepAndSurviveA
   constexpr int kRequests = 8;
   std::vector<json> got(kRequests);
   std::vector<std::thread> clients;
-  // 5 ms apart: the front counts its own requests only once its server has
-  // parsed them, so 8 that arrive together all see both ranks idle and all
-  // stay on rank 0 (once, on an ASan build in CI).
-  for (int i = 0; i < kRequests; ++i)
-    clients.emplace_back([&, i] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5 * i));
-      got[static_cast<size_t>(i)] = at_front(request(i));
-    });
+  for (int i = 0; i < kRequests; ++i) clients.emplace_back([&, i] { got[static_cast<size_t>(i)] = at_front(request(i)); });
   for (auto& t : clients) t.join();
   for (int i = 0; i < kRequests; ++i)
     EXPECT_EQ(texts(got[static_cast<size_t>(i)]), texts(post(single.port, request(i)))) << "request " << i;

@@ -199,8 +199,7 @@ void run_serve(ServeArgs& a) {
     // Behind a router (P/D) every rank registers and is picked on its own;
     // alone, the front hands requests to the ranks.
     if (dp_rank == 0 && a.role == "both") {
-      front = std::make_unique<DataParallelFront>(a.dp, engine, dp->dir(), a.server.api_key,
-                                                  [&http] { return http.in_flight(); });
+      front = std::make_unique<DataParallelFront>(a.dp, engine, dp->dir(), a.server.api_key);
       http.set_dp_hook(front->hook());
     }
     if (!dp_spawned && a.dp.local_count() > 1) supervisor = std::make_unique<RankSupervisor>(a.dp, dp->dir(), own_argv(), [&dp](int) { dp->peer_lost(); });

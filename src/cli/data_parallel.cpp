@@ -175,40 +175,37 @@ void DataParallelRank::watch(const EngineCore& engine) {
 // ---------------------------------------------------------------- the front
 
 DataParallelFront::DataParallelFront(const DataParallelOptions& options, const EngineCore& engine,
-                                     const RendezvousDir& dir, std::string api_key,
-                                     std::function<int64_t()> local_in_flight)
-    : options_(options),
-      engine_(engine),
-      dir_(dir),
-      api_key_(std::move(api_key)),
-      local_in_flight_(std::move(local_in_flight)),
-      in_flight_(new std::atomic<int64_t>[static_cast<size_t>(options.size)]),
-      forwarded_(new std::atomic<int64_t>[static_cast<size_t>(options.size)]) {
-  for (int r = 0; r < options.size; ++r) in_flight_[static_cast<size_t>(r)] = 0, forwarded_[static_cast<size_t>(r)] = 0;
+                                     const RendezvousDir& dir, std::string api_key)
+    : options_(options), engine_(engine), dir_(dir), api_key_(std::move(api_key)), loads_(std::make_shared<RankLoads>()) {
+  loads_->in_flight.assign(static_cast<size_t>(options.size), 0);
 }
 
-int64_t DataParallelFront::forwarded(int rank) const { return forwarded_[static_cast<size_t>(rank)].load(); }
-
-int DataParallelFront::pick() {
+server::DpPlacement DataParallelFront::pick() {
   // While the group is not formed the request stays here, where it gets
   // the 503 that says so.
-  if (!engine_.ready()) return 0;
+  const bool ready = engine_.ready();
+  std::vector<bool> reachable(static_cast<size_t>(options_.size), false);
+  for (int r = 1; ready && r < options_.size; ++r) reachable[static_cast<size_t>(r)] = !dir_.http_of(r).empty();
   int best = 0;
-  int64_t best_load = local_in_flight_();
-  for (int r = 1; r < options_.size; ++r) {
-    const int64_t load = in_flight_[static_cast<size_t>(r)].load();
-    if (load < best_load && !dir_.http_of(r).empty()) best = r, best_load = load;
+  {
+    std::lock_guard<std::mutex> lock(loads_->mu);
+    auto& load = loads_->in_flight;
+    for (int r = 1; r < options_.size; ++r)
+      if (reachable[static_cast<size_t>(r)] && load[static_cast<size_t>(r)] < load[static_cast<size_t>(best)]) best = r;
+    ++load[static_cast<size_t>(best)];
   }
-  return best;
+  // Counted until the response is over (served, relayed, refused, or failed).
+  auto hold = std::shared_ptr<void>(nullptr, [loads = loads_, best](void*) {
+    std::lock_guard<std::mutex> lock(loads->mu);
+    --loads->in_flight[static_cast<size_t>(best)];
+  });
+  return {best, std::move(hold)};
 }
 
-void DataParallelFront::forward(int rank, const httplib::Request& req, httplib::Response& res) {
+void DataParallelFront::forward(server::DpPlacement placement, const httplib::Request& req, httplib::Response& res) {
+  const int rank = placement.rank;
   const std::string who = "data-parallel rank " + std::to_string(rank);
   const std::string address = dir_.http_of(rank);
-  ++forwarded_[static_cast<size_t>(rank)];
-  // In flight until the response is over (relayed, refused, or failed).
-  auto done = std::shared_ptr<void>(nullptr, [this, rank](void*) { --in_flight_[static_cast<size_t>(rank)]; });
-  ++in_flight_[static_cast<size_t>(rank)];
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) {
     const server::ApiError e = server::engine_unavailable(who + " has no HTTP listener yet; retry");
@@ -243,14 +240,16 @@ void DataParallelFront::forward(int rank, const httplib::Request& req, httplib::
   }
   const nlohmann::json body = nlohmann::json::parse(req.body, nullptr, false);
   const bool stream = body.is_object() && body.value("stream", false);
-  server::Upstream::relay(res, up, stream, [done](bool) {});
+  server::Upstream::relay(res, up, stream, [hold = std::move(placement.hold)](bool) {});
 }
 
 server::DpHook DataParallelFront::hook() {
   server::DpHook h;
   h.self = 0;
   h.pick = [this] { return pick(); };
-  h.forward = [this](int rank, const httplib::Request& req, httplib::Response& res) { forward(rank, req, res); };
+  h.forward = [this](server::DpPlacement placement, const httplib::Request& req, httplib::Response& res) {
+    forward(std::move(placement), req, res);
+  };
   h.ranks_json = [this] {
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < options_.size; ++r) ranks.push_back({{"rank", r}, {"http", dir_.http_of(r)}});

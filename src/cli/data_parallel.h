@@ -91,27 +91,32 @@ class DataParallelRank {
 };
 
 // Rank 0's hand-over of requests to ranks: each goes to the rank with the
-// fewest requests in flight (every request enters here, so the front's
-// counts are exact), ties to the lowest rank.
+// fewest requests in flight, ties to the lowest rank. Every request enters
+// here and is counted at its rank from the moment it is picked until its
+// response is over (DpPlacement), so the counts are exact, and a burst of
+// requests spreads even before the first of them is parsed.
 class DataParallelFront {
  public:
-  // `local_in_flight`: the requests this process's own server is serving.
   DataParallelFront(const DataParallelOptions& options, const EngineCore& engine, const RendezvousDir& dir,
-                    std::string api_key, std::function<int64_t()> local_in_flight);
+                    std::string api_key);
   server::DpHook hook();
-  int64_t forwarded(int rank) const;  // requests handed to `rank` so far
 
  private:
-  int pick();
-  void forward(int rank, const httplib::Request& req, httplib::Response& res);
+  // Requests in flight per rank; shared with the holds, which may outlive
+  // the front (a response still relayed while the server stops).
+  struct RankLoads {
+    std::mutex mu;
+    std::vector<int64_t> in_flight;
+  };
+
+  server::DpPlacement pick();
+  void forward(server::DpPlacement placement, const httplib::Request& req, httplib::Response& res);
 
   DataParallelOptions options_;
   const EngineCore& engine_;
   const RendezvousDir& dir_;
   std::string api_key_;
-  std::function<int64_t()> local_in_flight_;
-  std::unique_ptr<std::atomic<int64_t>[]> in_flight_;  // per rank (0 unused: local_in_flight_)
-  std::unique_ptr<std::atomic<int64_t>[]> forwarded_;
+  std::shared_ptr<RankLoads> loads_;
 };
 
 // The other ranks of this host, as child processes: started, watched,

@@ -69,6 +69,7 @@ struct Job {
   int64_t cached_tokens = 0;
   uint64_t id = 0;
   std::shared_ptr<RequestChannel> channel;
+  std::shared_ptr<void> dp_hold;  // the data-parallel front's count of this request (DpPlacement)
 
   struct Seq {
     std::string text;
@@ -298,13 +299,15 @@ void HttpServer::install_routes() {
 
   auto generate = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
     if (draining_) return send_error(res, engine_unavailable("the server is shutting down"));
+    DpPlacement placement;
     if (dp_hook_.pick) {
-      const int rank = dp_hook_.pick();
-      if (rank != dp_hook_.self) return dp_hook_.forward(rank, req, res);
+      placement = dp_hook_.pick();
+      if (placement.rank != dp_hook_.self) return dp_hook_.forward(std::move(placement), req, res);
     }
     if (std::string why; !engine_.ready(&why)) return send_error(res, engine_unavailable(why));
     const int64_t n_vocab = model_.config().n_vocab;
     auto job = std::make_shared<Job>();
+    job->dp_hold = std::move(placement.hold);
     job->chat = chat;
     SamplingParams params;
     std::vector<int32_t> prompt;
@@ -537,6 +540,7 @@ void HttpServer::install_routes() {
           // Runs once the response is over, whether it completed or the
           // client left: an abort of a finished request is a no-op.
           if (!success) job->abort();
+          job->dp_hold.reset();
           --in_flight_;
         });
   };

@@ -81,10 +81,17 @@ struct PdHook {
 
 // Data parallelism, on the front rank (rank 0): each completion or chat
 // request goes to the rank the hook picks; another rank's is relayed there.
+// The pick counts the request at its rank until `hold` is released, so
+// that requests arriving together spread before any of them is parsed:
+// the server holds it until its response is over (an early error drops it).
+struct DpPlacement {
+  int rank = 0;
+  std::shared_ptr<void> hold;
+};
 struct DpHook {
-  std::function<int()> pick;  // the rank for the next request
-  int self = 0;               // this server's own rank
-  std::function<void(int rank, const httplib::Request& req, httplib::Response& res)> forward;
+  std::function<DpPlacement()> pick;  // the rank for the next request
+  int self = 0;                       // this server's own rank
+  std::function<void(DpPlacement placement, const httplib::Request& req, httplib::Response& res)> forward;
   std::function<std::string()> ranks_json;  // the ranks' addresses, for /debug/parallel
 };
 
