@@ -78,7 +78,7 @@ TEST(DataParallelServe, TwoRanksServeConcurrentRequestsAsOneInstanceWouldAndBala
 TEST(DataParallelServe, ABurstOfRequestsIsSpreadBeforeAnyIsParsed) {
   Serve dp("--data-parallel-size 2");
   ASSERT_TRUE(dp.ready(2)) << dp.group->log();
-  constexpr int kRequests = 6;  // (fewer than the server's 8 HTTP threads)
+  constexpr int kRequests = 6;
   std::latch start(kRequests);
   std::vector<json> got(kRequests);
   std::vector<std::thread> clients;
