@@ -331,10 +331,9 @@ TEST(Kernels, InterleavingInSlicesWritesTheSameBytes) {
 }
 
 // The interleaved layouts (matmul.h) only move bytes. Chunk groups (the
-// block types in AVX2's layout) give bitwise
-// the products of plain rows in every variant. Panels (f32, f16, bf16; q8_0,
-// the 32-element types, the K types in AVX-512's
-// layout) do in the scalar reference, whose order is the same for every
+// block types in the scalar reference's layout) give bitwise the products
+// of plain rows in every variant. Panels (f32, f16, bf16; the block types
+// in AVX-512's and AVX2's layouts) do in the scalar reference, whose order is the same for every
 // layout, and agree within the rounding bound in the vector variants, whose
 // panel tiles reduce in one chain over k (or k pairs, or blocks); the block
 // types' panels give bitwise the same in AVX2 as in AVX-512. Row ranges start or end
@@ -344,13 +343,8 @@ TEST(Kernels, InterleavedWeightsGiveTheSameProducts) {
     for (Isa layout_isa : supported_isas()) {
       const InterleavedLayout layout = interleaved_layout(t, layout_isa);
       const bool panel = is_panel_layout(t, layout.group);
-      // AVX2 has panel tiles for every block type but q8_0.
-      const bool avx2_panels = t == DType::kIQ4_NL || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 ||
-                               t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ2_K ||
-                               t == DType::kQ3_K || t == DType::kIQ4_XS;
-      EXPECT_EQ(panel, is_float_dtype(t) || (has_block_panels(t) && (layout_isa == Isa::kAvx512 ||
-                                                                      (layout_isa == Isa::kAvx2 && avx2_panels))))
-          << dtype_name(t) << " " << isa_name(layout_isa);
+      // AVX-512 and AVX2 have panel tiles for every block type.
+      EXPECT_EQ(panel, is_float_dtype(t) || layout_isa != Isa::kScalar) << dtype_name(t) << " " << isa_name(layout_isa);
       EXPECT_EQ(layout.group, panel ? kPanelRows : 8);
       for (int64_t rows : {16, 48, 80}) {  // (80 on panels: a decode tile of 4 groups, then one of 1)
         for (int64_t cols : {32, 96, 256}) {

@@ -416,8 +416,8 @@ inline __m256i signed_dot_lanes(__m256i w, __m256i x) {
 // Four activations at column c (elements 4c..4c+3) of a block, broadcast.
 inline __m256i x_column(const BlockQ8_0Act& x, int c) { return _mm256_set1_epi32(x_column_lane(x, c)); }
 
-// The panel tile of the 4- and 5-bit 32-element types (q4_0, q4_1, q5_0,
-// q5_1, iq4_nl; panels: legacy_quants.h): AVX-512's tile_legacy_panel
+// The panel tile of the 32-element types (q4_0, q4_1, q5_0, q5_1, iq4_nl,
+// q8_0; panels: legacy_quants.h): AVX-512's tile_legacy_panel
 // with vpmaddubsw + vpmaddwd for vpdpbusd. A 64-byte vector of 16 rows' 4
 // codes at one column is two halves of 8 rows. Per half, the u8 code x s8
 // activation pairs (each at most 2 * 31 * 127 in magnitude) are summed in
@@ -427,7 +427,8 @@ inline __m256i x_column(const BlockQ8_0Act& x, int c) { return _mm256_set1_epi32
 // AVX-512 computes, followed by the same float steps, so both variants give
 // the same bits. iq4_nl's levels + 128 would saturate vpmaddubsw: its
 // signed levels (a byte shuffle of the nibbles) take the sign onto x, and
-// each column's pairs are widened at once, from 0 (the same integer).
+// each column's pairs are widened at once, from 0 (the same integer);
+// q8_0's values + 128 likewise: its signed values, one vector a column.
 // Against the chunk-group tiles (per row and block: unpack, a dot product,
 // a conversion, a scale and an FMA), a block's float steps cost once per 8
 // rows.
@@ -438,6 +439,7 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
   static constexpr LegacyPanelLayout l = legacy_panel_layout(F::kType);
   constexpr bool kFifth = l.qh >= 0;
   constexpr bool kLevels = F::kType == DType::kIQ4_NL;
+  constexpr bool kQ8 = F::kType == DType::kQ8_0;
   constexpr int kColumnPairsPerWidening = kFifth ? 2 : 4;  // pairs (a low and a high column) summed in int16
   BlockPanelTile<G, T> tile(a, g0, t0, job);
   const auto& x = tile.x;
@@ -456,10 +458,16 @@ inline void tile_legacy_panel(const GemmArgs& a, int64_t g0, int64_t t0, const P
       unrolled<2>([&](auto h) {
         __m256i dot[T], sum16[T];
         unrolled<T>([&](auto t) {
-          dot[t] = _mm256_set1_epi32(kLevels ? 0 : -F::kOffset * xs[t][b]);
+          dot[t] = _mm256_set1_epi32(kLevels || kQ8 ? 0 : -F::kOffset * xs[t][b]);
           sum16[t] = _mm256_setzero_si256();
         });
-        for (int j = 0; j < 4; ++j) {
+        if constexpr (kQ8) {  // a vector of values per column, signed
+          for (int j = 0; j < 8; ++j) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + l.qs + 64 * j + 32 * h));
+            unrolled<T>([&](auto t) { dot[t] = _mm256_add_epi32(dot[t], signed_dot_lanes(w, x_column(x[t][b], j))); });
+          }
+        }
+        for (int j = 0; j < (kQ8 ? 0 : 4); ++j) {
           const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + l.qs + 64 * j + 32 * h));
           __m256i lo = _mm256_and_si256(packed, low4);
           __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
@@ -911,29 +919,21 @@ struct KQuantPanelTile {
 // stream a thread, as AVX-512's.
 constexpr PanelPlan kBlockPanelPlan{1, 4, 1, 128};
 
-// The block types but q8_0: their panel tiles where they are in panels
+// The block types: their panel tiles where they are in panels
 // (interleaved_layout), else their chunk-group tiles (a layout built for
 // the scalar reference: tests).
-template <typename F>
+template <typename F, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t) = gemm_legacy_chunks<DotLanes, F>>
 void gemm_legacy(const GemmArgs& a, int64_t b, int64_t e) {
-  static_assert(avx2_reads_block_panels(F::kType));
   if (is_panel_layout(F::kType, a.w_group))
     return block_panel_driver<LegacyPanelTile<F>::template Fn, kBlockPanelPlan>(a, b, e);
-  gemm_legacy_chunks<DotLanes, F>(a, b, e);
+  ChunkGemm(a, b, e);
 }
 
 template <DType kType, void (*ChunkGemm)(const GemmArgs&, int64_t, int64_t)>
 void gemm_k_quant(const GemmArgs& a, int64_t b, int64_t e) {
-  static_assert(avx2_reads_block_panels(kType));
   if (is_panel_layout(kType, a.w_group))
     return block_panel_driver<KQuantPanelTile<kType>::template Fn, kBlockPanelPlan>(a, b, e);
   ChunkGemm(a, b, e);
-}
-
-// q8_0: its chunk-group tiles, or its rows out of AVX-512's panels.
-void gemm_q8_0_any_layout(const GemmArgs& a, int64_t b, int64_t e) {
-  if (is_panel_layout(DType::kQ8_0, a.w_group)) return gemm_q8_0_panel_rows<DotLanes>(a, b, e);
-  gemm_q8_0(a, b, e);
 }
 
 }  // namespace
@@ -942,7 +942,7 @@ const IsaKernels kAvx2Kernels = {
     gemm_f32,
     gemm_f16,
     gemm_bf16,
-    gemm_q8_0_any_layout,
+    gemm_legacy<Q8_0Format, gemm_q8_0>,
     gemm_k_quant<DType::kQ4_K, gemm_q45_k_chunks<DotLanes, Q4KUnpack>>,
     gemm_k_quant<DType::kQ6_K, gemm_q16_k<Q6KUnpack>>,
     gemm_legacy<Q4_0Format>,

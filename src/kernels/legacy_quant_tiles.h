@@ -83,7 +83,7 @@ struct IQ4NLFormat {
   }
 };
 
-// q8_0 in the panel tiles and panel rows: its int8 values + 128 as the
+// q8_0 in the panel tiles: its int8 values + 128 as the
 // codes (its chunk-group tiles are its own, in each variant).
 struct Q8_0Format {
   static constexpr DType kType = DType::kQ8_0;
@@ -165,35 +165,6 @@ struct LegacyTile {
     static void run(const GemmArgs& a, int64_t r, int64_t t) { tile_legacy<Dot, F, R, T>(a, r, t); }
   };
 };
-
-// q8_0's panels outside AVX-512 (AVX2 reads q8_0 in chunk groups, so
-// this runs when AVX-512's layout meets AVX2's kernels: tests, a forced
-// TANDEM_ISA), a row and a token at a time: each block read back out of
-// its panel block, then its exact integer dot product and one FMA with
-// d * dx, the steps of AVX-512's panel tile, so bitwise its results.
-template <typename Dot>
-void gemm_q8_0_panel_rows(const GemmArgs& a, int64_t row_begin, int64_t row_end) {
-  constexpr int64_t kBytes = Q8_0Format::kBytes;
-  const int64_t n_blocks = a.k / 32;
-  const int64_t stride = kBytes * a.w_group;
-  uint8_t block[kBytes];
-  for (int64_t t = 0; t < a.n_tokens; ++t) {
-    const BlockQ8_0Act* x = a.xq + t * a.ldxq;
-    for (int64_t r = row_begin; r < row_end; ++r) {
-      const uint8_t* group = a.w + static_cast<size_t>(r / a.w_group * a.w_group) * a.w_row_bytes;
-      float acc = 0.0f;
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        unpack_legacy_panel_row(DType::kQ8_0, group + b * stride, static_cast<int>(r % a.w_group), block);
-        // (AVX2's u8 x s8 step saturates at codes as large as q8_0's: the
-        // signed values, with their sign moved onto x, as tile_legacy does.)
-        const __m256i q = legacy_values<Q8_0Format>(block);
-        const int32_t dot = hsum_epi32(Dot::lanes(_mm256_abs_epi8(q), _mm256_sign_epi8(load_x(x[b]), q)));
-        acc = fma1(static_cast<float>(dot), f16_at(block) * x[b].d, acc);
-      }
-      a.y[t * a.ldy + r] = acc;
-    }
-  }
-}
 
 // A 32-element type's chunk-group tiles.
 template <typename Dot, typename F>

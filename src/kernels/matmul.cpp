@@ -20,10 +20,9 @@ static_assert(kMaxOutputs <= IdleFetch::kMaxRanges, "a next share has a range pe
 }  // namespace
 
 InterleavedLayout interleaved_layout(DType t, Isa isa) {
-  // The 32-element types (q8_0 too), the K types in panels for AVX-512's tiles, and
-  // for AVX2's where it has panel tiles (the other variants read panels too,
-  // but their tiles are built for chunk groups).
-  if (has_block_panels(t) && (isa == Isa::kAvx512 || (isa == Isa::kAvx2 && avx2_reads_block_panels(t))))
+  // The block types in panels for the AVX-512 and AVX2 tiles (the scalar
+  // reference reads panels too, but is built for chunk groups).
+  if (has_block_panels(t) && (isa == Isa::kAvx512 || isa == Isa::kAvx2))
     return {kPanelRows, static_cast<int64_t>(dtype_block_bytes(t))};
   // Block types: groups of 8 rows by whole blocks.
   if (!is_float_dtype(t)) return {8, static_cast<int64_t>(dtype_block_bytes(t))};

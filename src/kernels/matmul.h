@@ -62,13 +62,6 @@ bool has_block_panels(DType t);
 // type t reads side by side, one memory stream each (kernels_avx512.cpp:
 // one, but q8_0, which decoded 10-20 % slower from one stream a thread).
 constexpr int block_panel_decode_groups(DType t) { return t == DType::kQ8_0 ? 4 : 1; }
-// The block types whose AVX2 tiles read panels (kernels_avx2.cpp); the
-// others' AVX2 tiles are built for chunk groups of 8 rows.
-constexpr bool avx2_reads_block_panels(DType t) {
-  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 || t == DType::kIQ4_NL || t == DType::kQ4_K ||
-         t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ2_K || t == DType::kQ3_K ||
-         t == DType::kIQ4_XS;
-}
 // Whether a matrix of type t in groups of `group` rows is in panels.
 bool is_panel_layout(DType t, int64_t group);
 
