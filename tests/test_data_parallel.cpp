@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <latch>
 #include <thread>
@@ -71,13 +72,33 @@ TEST(DataParallelServe, TwoRanksServeConcurrentRequestsAsOneInstanceWouldAndBala
   EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_dp_group_failures_total{rank=\"0\"}"), 0);
 }
 
+// The front's count of requests in flight at each rank (/debug/parallel),
+// once it is back to zero everywhere or after a bounded wait.
+std::vector<int64_t> rank_loads_when_drained(int front_port) {
+  std::vector<int64_t> loads;
+  for (int k = 0; k < 2000; ++k) {
+    loads.clear();
+    for (const json& r : get(front_port, "/debug/parallel").value("ranks", json::array()))
+      loads.push_back(r.value("in_flight", int64_t{-1}));
+    if (!loads.empty() && std::all_of(loads.begin(), loads.end(), [](int64_t n) { return n == 0; })) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return loads;
+}
+
 // Requests that arrive together are spread as they arrive: the front counts
 // each at its rank from the moment it picks it, before the rank's server
 // has parsed it, so six long requests sent at once split three and three
-// (counted only once parsed, a burst could all stay on rank 0).
+// (counted only once parsed, a burst could all stay on rank 0). A request
+// refused before it reaches the engine is no longer counted.
 TEST(DataParallelServe, ABurstOfRequestsIsSpreadBeforeAnyIsParsed) {
   Serve dp("--data-parallel-size 2");
   ASSERT_TRUE(dp.ready(2)) << dp.group->log();
+  for (int i = 0; i < 3; ++i) {  // refused at parsing, on rank 0 (all idle: the lowest rank)
+    const json refused = post(dp.port, {{"prompt", "x"}, {"max_tokens", -1}});
+    ASSERT_TRUE(refused.contains("error")) << refused.dump();
+  }
+  EXPECT_EQ(rank_loads_when_drained(dp.port), (std::vector<int64_t>{0, 0}));
   constexpr int kRequests = 6;
   std::latch start(kRequests);
   std::vector<json> got(kRequests);
@@ -95,6 +116,7 @@ TEST(DataParallelServe, ABurstOfRequestsIsSpreadBeforeAnyIsParsed) {
   ASSERT_GT(port1, 0);
   EXPECT_EQ(metric("127.0.0.1", dp.port, "tandem_request_success_total"), kRequests / 2);
   EXPECT_EQ(metric(host1, port1, "tandem_request_success_total"), kRequests / 2);
+  EXPECT_EQ(rank_loads_when_drained(dp.port), (std::vector<int64_t>{0, 0}));
 }
 
 TEST(DataParallelServe, AnIdleRankRunsDummyStepsBesideTheBusyOneWithoutAHang) {

@@ -251,8 +251,14 @@ server::DpHook DataParallelFront::hook() {
     forward(std::move(placement), req, res);
   };
   h.ranks_json = [this] {
+    std::vector<int64_t> in_flight;
+    {
+      std::lock_guard<std::mutex> lock(loads_->mu);
+      in_flight = loads_->in_flight;
+    }
     nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < options_.size; ++r) ranks.push_back({{"rank", r}, {"http", dir_.http_of(r)}});
+    for (int r = 0; r < options_.size; ++r)
+      ranks.push_back({{"rank", r}, {"http", dir_.http_of(r)}, {"in_flight", in_flight[static_cast<size_t>(r)]}});
     return ranks.dump();
   };
   return h;

@@ -92,7 +92,7 @@ struct DpHook {
   std::function<DpPlacement()> pick;  // the rank for the next request
   int self = 0;                       // this server's own rank
   std::function<void(DpPlacement placement, const httplib::Request& req, httplib::Response& res)> forward;
-  std::function<std::string()> ranks_json;  // the ranks' addresses, for /debug/parallel
+  std::function<std::string()> ranks_json;  // the ranks' addresses and requests in flight, for /debug/parallel
 };
 
 // Tensor parallelism: the executor's state for /debug/parallel (JSON text)
