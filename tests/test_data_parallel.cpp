@@ -212,6 +212,83 @@ TEST(DataParallelServe, AKilledRankFailsTheInFlightRequestsNamingItThenTheGroupR
   EXPECT_EQ(kv_usage_when_drained("127.0.0.1", dp.port), 0);
 }
 
+// SIGTERM on the front drains what it relays to other ranks as well as its
+// own requests: a short request on rank 0 ends first, and the long one on
+// rank 1 still streams to its end before the front stops.
+TEST(DataParallelServe, SigtermOnTheFrontDrainsTheRequestsItRelaysToo) {
+  Serve dp("--data-parallel-size 2 --shutdown-timeout 30");
+  ASSERT_TRUE(dp.ready(2)) << dp.group->log();
+  Stream on0(dp.port, {{"prompt", "short"}, {"max_tokens", 20}, {"temperature", 0}, {"ignore_eos", true}});  // rank 0
+  ASSERT_TRUE(on0.wait_for_token(10'000));
+  Stream on1(dp.port, {{"prompt", "long"}, {"max_tokens", 400}, {"temperature", 0}, {"ignore_eos", true}});  // rank 1
+  ASSERT_TRUE(on1.wait_for_token(10'000));
+  ASSERT_EQ(::kill(dp.group->pid(), SIGTERM), 0);
+  (void)on0.up->wait_body(30'000);
+  (void)on1.up->wait_body(30'000);
+  EXPECT_NE(on0.body_so_far().find("[DONE]"), std::string::npos) << on0.body_so_far();
+  EXPECT_NE(on1.body_so_far().find("[DONE]"), std::string::npos) << "the relayed request was cut off: " << on1.body_so_far();
+  EXPECT_EQ(on1.body_so_far().find("error"), std::string::npos) << on1.body_so_far();
+  EXPECT_TRUE(dp.group->wait_for("tandem: stopped", 30'000)) << dp.group->log();
+}
+
+// Past --shutdown-timeout the front cuts off what is still in flight, its
+// own requests and those it relays, each with an error its client sees, and
+// stops within a bound: here both wait on a rank parked by SIGSTOP (the
+// group's timeout, 60 s, far away).
+TEST(DataParallelServe, PastTheShutdownTimeoutEveryRequestEndsWithAnErrorAndTheFrontStops) {
+  Serve dp("--data-parallel-size 2 --data-parallel-timeout-ms 60000 --shutdown-timeout 1");
+  ASSERT_TRUE(dp.ready(2)) << dp.group->log();
+  const int pid1 = get(rank_address(dp.port, 1).second, "/debug/parallel").value("pid", 0);
+  ASSERT_GT(pid1, 0);
+  const json longest = {{"prompt", "long"}, {"max_tokens", 400}, {"temperature", 0}, {"ignore_eos", true}};
+  Stream on0(dp.port, longest);  // rank 0
+  ASSERT_TRUE(on0.wait_for_token(10'000));
+  Stream on1(dp.port, longest);  // rank 1, relayed
+  ASSERT_TRUE(on1.wait_for_token(10'000));
+  ASSERT_EQ(::kill(pid1, SIGSTOP), 0);
+  const int64_t start_ms = monotonic_ms();
+  ASSERT_EQ(::kill(dp.group->pid(), SIGTERM), 0);
+  (void)on0.up->wait_body(20'000);
+  (void)on1.up->wait_body(20'000);
+  const bool stopped = dp.group->wait_for("tandem: stopped", 30'000);
+  const int64_t took_ms = monotonic_ms() - start_ms;
+  ::kill(pid1, SIGCONT);
+  const std::string why = "the server shut down before this request finished (--shutdown-timeout 1 s)";
+  EXPECT_NE(on0.body_so_far().find(why), std::string::npos) << on0.body_so_far();
+  EXPECT_NE(on1.body_so_far().find(why), std::string::npos) << on1.body_so_far();
+  EXPECT_NE(on0.body_so_far().find("[DONE]"), std::string::npos) << on0.body_so_far();
+  EXPECT_NE(on1.body_so_far().find("[DONE]"), std::string::npos) << on1.body_so_far();
+  EXPECT_TRUE(stopped) << dp.group->log();
+  EXPECT_LT(took_ms, 30'000) << dp.group->log();
+  EXPECT_NE(dp.group->log().find("2 requests still in flight at the shutdown timeout"), std::string::npos) << dp.group->log();
+}
+
+// The same with only a relayed request left: the drain counts what the
+// front relays, so it is cut off at the timeout too, not waited for.
+TEST(DataParallelServe, PastTheShutdownTimeoutARelayedRequestAloneIsCutOffToo) {
+  Serve dp("--data-parallel-size 2 --data-parallel-timeout-ms 60000 --shutdown-timeout 1");
+  ASSERT_TRUE(dp.ready(2)) << dp.group->log();
+  const int pid1 = get(rank_address(dp.port, 1).second, "/debug/parallel").value("pid", 0);
+  ASSERT_GT(pid1, 0);
+  Stream on0(dp.port, {{"prompt", "short"}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}});  // rank 0
+  ASSERT_TRUE(on0.wait_for_token(10'000));
+  Stream on1(dp.port, {{"prompt", "long"}, {"max_tokens", 400}, {"temperature", 0}, {"ignore_eos", true}});  // rank 1
+  ASSERT_TRUE(on1.wait_for_token(10'000));
+  (void)on0.up->wait_body(10'000);
+  ASSERT_NE(on0.body_so_far().find("[DONE]"), std::string::npos) << on0.body_so_far();
+  ASSERT_EQ(::kill(pid1, SIGSTOP), 0);
+  const int64_t start_ms = monotonic_ms();
+  ASSERT_EQ(::kill(dp.group->pid(), SIGTERM), 0);
+  (void)on1.up->wait_body(20'000);
+  const bool stopped = dp.group->wait_for("tandem: stopped", 30'000);
+  const int64_t took_ms = monotonic_ms() - start_ms;
+  ::kill(pid1, SIGCONT);
+  EXPECT_NE(on1.body_so_far().find("the server shut down before this request finished"), std::string::npos)
+      << on1.body_so_far();
+  EXPECT_TRUE(stopped) << dp.group->log();
+  EXPECT_LT(took_ms, 30'000) << dp.group->log();
+}
+
 // A rank parked (SIGSTOP) past the soft deadline: its peer reports which op
 // it waits in, its sequence number, and who has and has not arrived; after
 // SIGCONT (within the hard deadline) the group goes on, nothing failed.

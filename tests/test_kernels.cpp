@@ -72,6 +72,9 @@ struct Problem {
     for (int64_t i = 0; i < r; ++i) {
       for (auto& v : row) v = u(rng);
       convert_row(row.data(), t, w.data() + static_cast<size_t>(i) * rb, c);
+      if (t == DType::kQ8_0)  // -128, which the quantizer never writes but a file may hold
+        for (int64_t b = (i % 3); b < c / 32; b += 3)
+          w[static_cast<size_t>(i) * rb + static_cast<size_t>(b) * sizeof(BlockQ8_0) + 2 + static_cast<size_t>(b % 32)] = 0x80;
       dequantize_row(t, w.data() + static_cast<size_t>(i) * rb, w_deq.data() + i * c, c);
     }
     x.resize(static_cast<size_t>(n * c));

@@ -100,6 +100,46 @@ TEST(ServeProcess, SigtermDrainsInFlightRequestsThenExitsCleanly) {
   std::fclose(p.stderr_stream);
 }
 
+// Past --shutdown-timeout (here 0 s) a request still in flight ends with an
+// error its client sees, and the server exits at once, not when the request
+// would have finished.
+TEST(ServeProcess, SigtermPastTheShutdownTimeoutEndsTheRequestWithAnError) {
+  const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
+  ServerProcess p = start_server(model, "--shutdown-timeout 0");
+  ASSERT_GT(p.port, 0) << "the server did not print its address";
+  std::atomic<bool> first_event{false};
+  std::string streamed;
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", p.port);
+    c.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = R"({"prompt": "cut me off", "max_tokens": 480, "temperature": 0, "ignore_eos": true, "stream": true})";
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+      streamed.append(d, n);
+      if (streamed.find("data: {") != std::string::npos) first_event = true;
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err;
+    c.send(req, res, err);
+  });
+  for (int i = 0; i < 2000 && !first_event; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(first_event.load());
+  ASSERT_EQ(kill(p.pid, SIGTERM), 0);
+  client.join();
+  EXPECT_NE(streamed.find("the server shut down before this request finished (--shutdown-timeout 0 s)"), std::string::npos)
+      << streamed;
+  EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(streamed.find("\"finish_reason\":\"length\""), std::string::npos) << "the request ran to its end: " << streamed;
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(p.pid, &wstatus, 0), p.pid);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "exit status " << wstatus;
+  std::fclose(p.stderr_stream);
+}
+
 // The listening socket's local address, from /proc/net/tcp ("0100007F" is
 // 127.0.0.1), or "" if no listener on that port.
 std::string listen_address(int port) {

@@ -180,6 +180,19 @@ DataParallelFront::DataParallelFront(const DataParallelOptions& options, const E
   loads_->in_flight.assign(static_cast<size_t>(options.size), 0);
 }
 
+int64_t DataParallelFront::relayed_in_flight() const {
+  std::lock_guard<std::mutex> lock(loads_->mu);
+  int64_t n = 0;
+  for (size_t r = 1; r < loads_->in_flight.size(); ++r) n += loads_->in_flight[r];
+  return n;
+}
+
+void DataParallelFront::cut_off_relays(const std::string& why) {
+  std::lock_guard<std::mutex> lock(relays_mu_);
+  for (const auto& relay : relays_)
+    if (auto up = relay.lock()) up->stop(why);
+}
+
 server::DpPlacement DataParallelFront::pick() {
   // While the group is not formed the request stays here, where it gets
   // the 503 that says so.
@@ -222,6 +235,11 @@ void DataParallelFront::forward(server::DpPlacement placement, const httplib::Re
   if (!api_key_.empty()) call.headers.emplace_back("Authorization", "Bearer " + api_key_);
   const int wait_ms = call.read_timeout_s * 1000;
   auto up = std::make_shared<server::Upstream>();
+  {
+    std::lock_guard<std::mutex> lock(relays_mu_);
+    std::erase_if(relays_, [](const std::weak_ptr<server::Upstream>& r) { return r.expired(); });
+    relays_.push_back(up);
+  }
   up->start(std::move(call));
   const int status = up->wait_status(wait_ms);
   if (status != 200) {
@@ -280,7 +298,9 @@ RankSupervisor::~RankSupervisor() {
   running_ = false;
   if (monitor_.joinable()) monitor_.join();
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [rank, pid] : children_) ::kill(pid, SIGTERM);
+  // SIGCONT too: a stopped rank (SIGSTOP, a debugger) acts on SIGTERM only
+  // once it runs again.
+  for (auto& [rank, pid] : children_) ::kill(pid, SIGTERM), ::kill(pid, SIGCONT);
   // Bounded: SIGKILL whatever has not exited within 10 s.
   const int64_t deadline = monotonic_ms() + 10'000;
   for (auto& [rank, pid] : children_) {

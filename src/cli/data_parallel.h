@@ -24,6 +24,7 @@
 #include "engine/engine_core.h"
 #include "parallel/step_plan.h"
 #include "server/http_server.h"
+#include "server/upstream_relay.h"
 
 namespace tandem::cli {
 
@@ -100,6 +101,12 @@ class DataParallelFront {
   DataParallelFront(const DataParallelOptions& options, const EngineCore& engine, const RendezvousDir& dir,
                     std::string api_key);
   server::DpHook hook();
+  // The requests handed to other ranks and not yet over (the shutdown
+  // drain waits for them as for its own server's).
+  int64_t relayed_in_flight() const;
+  // Ends every relayed request with `why` as the error its client sees
+  // (a shutdown past its timeout).
+  void cut_off_relays(const std::string& why);
 
  private:
   // Requests in flight per rank; shared with the holds, which may outlive
@@ -117,6 +124,8 @@ class DataParallelFront {
   const RendezvousDir& dir_;
   std::string api_key_;
   std::shared_ptr<RankLoads> loads_;
+  std::mutex relays_mu_;
+  std::vector<std::weak_ptr<server::Upstream>> relays_;  // the calls under way (and some ended)
 };
 
 // The other ranks of this host, as child processes: started, watched,

@@ -177,6 +177,14 @@ void EngineCore::fail_request(uint64_t id, std::string message) {
   cv_.notify_all();
 }
 
+void EngineCore::fail_all_requests(std::string message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_fail_all_ = message.empty() ? std::string("the request failed") : std::move(message);
+  }
+  cv_.notify_all();
+}
+
 void EngineCore::remote_kv_arrived(uint64_t id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -197,7 +205,7 @@ void EngineCore::release_transfer_blocks(std::vector<int32_t> blocks) {
 bool EngineCore::has_work() const {
   std::lock_guard<std::mutex> lock(mu_);
   return scheduler_->has_work() || !pending_adds_.empty() || !pending_aborts_.empty() ||
-         !pending_arrivals_.empty() || !pending_releases_.empty();
+         !pending_arrivals_.empty() || !pending_releases_.empty() || !pending_fail_all_.empty();
 }
 
 BlockManagerStats EngineCore::kv_stats() const {
@@ -214,7 +222,7 @@ int64_t EngineCore::state_slots_used() const {
 
 bool EngineCore::has_input_locked() const {
   return !pending_adds_.empty() || !pending_aborts_.empty() || !pending_arrivals_.empty() || !pending_releases_.empty() ||
-         !running_.load(std::memory_order_acquire);
+         !pending_fail_all_.empty() || !running_.load(std::memory_order_acquire);
 }
 
 void EngineCore::loop() {
@@ -235,15 +243,18 @@ void EngineCore::drain_inputs() {
   std::vector<std::pair<uint64_t, std::string>> aborts;
   std::vector<uint64_t> arrivals;
   std::vector<std::vector<int32_t>> releases;
+  std::string fail_all_message;
   {
     std::lock_guard<std::mutex> lock(mu_);
     adds.swap(pending_adds_);
     aborts.swap(pending_aborts_);
     arrivals.swap(pending_arrivals_);
     releases.swap(pending_releases_);
+    fail_all_message.swap(pending_fail_all_);
   }
   for (auto& r : adds) admit(std::move(r));
   for (auto& [id, error] : aborts) abort_now(id, std::move(error));
+  if (!fail_all_message.empty()) fail_all(fail_all_message);
   for (uint64_t id : arrivals) {
     auto it = awaiting_remote_kv_.find(id);
     if (it == awaiting_remote_kv_.end()) continue;  // aborted meanwhile

@@ -125,6 +125,9 @@ class EngineCore {
   void abort_request(uint64_t id);
   // Thread-safe: ends the request with an error the client sees (`message`).
   void fail_request(uint64_t id, std::string message);
+  // Thread-safe: ends every request added so far with that error (a
+  // shutdown past its timeout), at the engine's next step.
+  void fail_all_requests(std::string message);
   // P/D, thread-safe. The remote KV of a kRemoteKv request has landed in its
   // blocks: it starts computing token N. Unknown ids are ignored.
   void remote_kv_arrived(uint64_t id);
@@ -218,6 +221,7 @@ class EngineCore {
   std::vector<std::pair<uint64_t, std::string>> pending_aborts_;  // (id, error or empty)
   std::vector<uint64_t> pending_arrivals_;
   std::vector<std::vector<int32_t>> pending_releases_;
+  std::string pending_fail_all_;  // fail_all_requests' message, empty when none
   std::map<uint64_t, SeqState*> awaiting_remote_kv_;  // decode: allocated, KV not yet here
   std::deque<uint64_t> awaiting_allocation_;          // decode: admitted, blocks not yet free (FIFO)
   BlockManagerStats kv_stats_;

@@ -367,17 +367,6 @@ struct Q16KTile {
 // rows (one interleaved group, a contiguous stream).
 constexpr GemmPlan kKQuantPlan{4, 2, 8, 16, 128};
 
-inline int32_t hsum_epi32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
-inline float fma1(float x, float y, float z) {
-  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(x), _mm_set_ss(y), _mm_set_ss(z)));
-}
-
 // q2_K's and q3_K's codes as their panel tiles read them: code j of a
 // plane byte masked where it lies (bits 2j, 2j + 1; q3_K's fourth at bits
 // 2, 3, with its high bit above) is the code times 2^kQ23KCodeShift[q3][j],

@@ -408,7 +408,9 @@ inline void widen_pair_sums(__m256i (&dot)[T], __m256i (&sum16)[T]) {
 }
 
 // The int32 lanes of signed bytes w times x, four products each, with w's
-// sign moved onto x (|w| <= 127: vpmaddubsw's pairs cannot saturate).
+// sign moved onto x (|w| <= 128 and |x| <= 127: vpmaddubsw's pairs cannot
+// saturate; an x of -128, which the activations' quantizer never writes,
+// would not negate).
 inline __m256i signed_dot_lanes(__m256i w, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }

@@ -150,6 +150,14 @@ void HttpServer::serve() {
 
 void HttpServer::begin_drain() { draining_ = true; }
 
+void HttpServer::cut_off(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(cut_off_mu_);
+    cut_off_why_ = why;
+  }
+  engine_.fail_all_requests(why);
+}
+
 void HttpServer::stop() {
   stop_requested_ = true;
   if (!http_) return;
@@ -402,12 +410,24 @@ void HttpServer::install_routes() {
 
     // Relays outputs until the request finishes. Returns false when the client
     // is gone (the request is then aborted by the releaser).
-    auto relay = [this, job](httplib::DataSink& sink) -> bool {
+    auto cut_off_reason = [this] {
+      std::lock_guard<std::mutex> lock(cut_off_mu_);
+      return cut_off_why_;
+    };
+    auto relay = [this, job, cut_off_reason](httplib::DataSink& sink) -> bool {
       const auto tick = std::chrono::milliseconds(config_.keepalive_ms);
       auto waited = std::chrono::milliseconds(0);
       for (;;) {
         std::optional<RequestOutput> out = job->channel->pop(tick);
         if (!out) {
+          if (std::string why = cut_off_reason(); !why.empty()) {
+            job->abort();
+            const ApiError e = internal_error(why);
+            const std::string body = job->stream ? sse_event(e.to_json()) + std::string(kSseDone) : dump_body(e.to_json());
+            sink.write(body.data(), body.size());
+            sink.done();
+            return true;
+          }
           waited += tick;
           if (waited >= std::chrono::seconds(config_.output_timeout_s)) {
             job->abort();

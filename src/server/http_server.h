@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -118,6 +119,11 @@ class HttpServer {
   void begin_drain();
   bool draining() const { return draining_.load(); }
   int64_t in_flight() const { return in_flight_.load(); }
+  // Ends every request in flight with `why` as the error its client sees
+  // (a drain past its timeout): the engine fails them, and a response whose
+  // engine gives nothing within a keep-alive tick (a wedged step) ends
+  // without it.
+  void cut_off(const std::string& why);
   void stop();
 
   const ChatTemplate& chat_template() const { return template_; }
@@ -141,6 +147,8 @@ class HttpServer {
   std::unique_ptr<QueueStats> queue_stats_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> draining_{false};
+  std::mutex cut_off_mu_;
+  std::string cut_off_why_;  // cut_off()'s reason, empty until then
   std::atomic<int64_t> in_flight_{0};
   std::atomic<uint64_t> next_request_id_{1};
   int listen_fd_ = -1;

@@ -21,8 +21,9 @@ Upstream::~Upstream() {
   if (reader_.joinable()) reader_.join();
 }
 
-void Upstream::stop() {
+void Upstream::stop(const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!why.empty() && stop_reason_.empty()) stop_reason_ = why;
   cancel_ = true;
   if (client_ != nullptr) client_->stop();
 }
@@ -38,7 +39,7 @@ void Upstream::start(UpstreamCall call, std::function<void(const std::string&)> 
       std::lock_guard<std::mutex> lock(mu_);
       if (cancel_) {
         status_ = -1;
-        error_ = "cancelled";
+        error_ = stop_reason_.empty() ? std::string("cancelled") : stop_reason_;
         ended_ = true;
         cv_.notify_all();
         return;
@@ -76,6 +77,8 @@ void Upstream::start(UpstreamCall call, std::function<void(const std::string&)> 
       error_ = call.who + " could not be reached: " + httplib::to_string(err);
     } else if (!sent && !cancel_) {
       error_ = call.who + " failed mid-response: " + httplib::to_string(err);
+    } else if (!sent && !stop_reason_.empty()) {  // (cancelled: stop() with a reason)
+      error_ = stop_reason_;
     }
     ended_ = true;
     cv_.notify_all();

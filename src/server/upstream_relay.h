@@ -55,8 +55,10 @@ class Upstream {
   std::string content_type();
   // Ends the call at once: the reader's socket is shut down (the one thing
   // cpp-httplib allows from another thread), so a reader blocked on a silent
-  // upstream returns now, not at its read timeout.
-  void stop();
+  // upstream returns now, not at its read timeout. With `why`, the call ends
+  // with that error, which a relay passes on to its client (without, as when
+  // the client has left, it ends quietly).
+  void stop(const std::string& why = {});
 
   // Relays the response to the client: the chunks as they come, then the
   // call's error if it failed (as an SSE event when `stream`). `on_done`
@@ -73,6 +75,7 @@ class Upstream {
   bool ended_ = false;
   std::string error_;
   std::atomic<bool> cancel_{false};
+  std::string stop_reason_;  // stop()'s `why`
   httplib::Client* client_ = nullptr;  // the reader's, while its call is under way
   std::thread reader_;
 };
