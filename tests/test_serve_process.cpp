@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "model_fixtures.h"
+#include "serve_fixtures.h"
 
 namespace tandem {
 namespace {
@@ -62,36 +63,12 @@ TEST(ServeProcess, SigtermDrainsInFlightRequestsThenExitsCleanly) {
   EXPECT_EQ(health->status, 200);
 
   // A long streaming request; SIGTERM arrives once its first event is in.
-  std::atomic<bool> first_event{false};
-  std::string streamed;
-  int status = 0;
-  std::thread client([&] {
-    httplib::Client c("127.0.0.1", p.port);
-    c.set_read_timeout(60, 0);
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = R"({"prompt": "drain me", "max_tokens": 300, "temperature": 0, "ignore_eos": true, "stream": true})";
-    req.set_header("Content-Type", "application/json");
-    req.response_handler = [&](const httplib::Response& r) {
-      status = r.status;
-      return true;
-    };
-    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-      streamed.append(d, n);
-      if (streamed.find("data: {") != std::string::npos) first_event = true;
-      return true;
-    };
-    httplib::Response res;
-    httplib::Error err;
-    c.send(req, res, err);
-  });
-  for (int i = 0; i < 2000 && !first_event; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_TRUE(first_event.load());
+  testing::Stream s(p.port, {{"prompt", "drain me"}, {"max_tokens", 300}, {"temperature", 0}, {"ignore_eos", true}});
+  ASSERT_TRUE(s.wait_for_token(10'000));
   ASSERT_EQ(kill(p.pid, SIGTERM), 0);
-
-  client.join();
-  EXPECT_EQ(status, 200);
+  (void)s.up->wait_body(60'000);
+  EXPECT_EQ(s.up->wait_status(0), 200);
+  const std::string streamed = s.body_so_far();
   EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << "the in-flight request finished";
   EXPECT_NE(streamed.find("\"finish_reason\":\"length\""), std::string::npos);
   int wstatus = 0;
@@ -107,29 +84,11 @@ TEST(ServeProcess, SigtermPastTheShutdownTimeoutEndsTheRequestWithAnError) {
   const std::string model = testing::tiny_model_path("llama", kernels::DType::kF16);
   ServerProcess p = start_server(model, "--shutdown-timeout 0");
   ASSERT_GT(p.port, 0) << "the server did not print its address";
-  std::atomic<bool> first_event{false};
-  std::string streamed;
-  std::thread client([&] {
-    httplib::Client c("127.0.0.1", p.port);
-    c.set_read_timeout(60, 0);
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = R"({"prompt": "cut me off", "max_tokens": 480, "temperature": 0, "ignore_eos": true, "stream": true})";
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-      streamed.append(d, n);
-      if (streamed.find("data: {") != std::string::npos) first_event = true;
-      return true;
-    };
-    httplib::Response res;
-    httplib::Error err;
-    c.send(req, res, err);
-  });
-  for (int i = 0; i < 2000 && !first_event; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_TRUE(first_event.load());
+  testing::Stream s(p.port, {{"prompt", "cut me off"}, {"max_tokens", 480}, {"temperature", 0}, {"ignore_eos", true}});
+  ASSERT_TRUE(s.wait_for_token(10'000));
   ASSERT_EQ(kill(p.pid, SIGTERM), 0);
-  client.join();
+  (void)s.up->wait_body(60'000);
+  const std::string streamed = s.body_so_far();
   EXPECT_NE(streamed.find("the server shut down before this request finished (--shutdown-timeout 0 s)"), std::string::npos)
       << streamed;
   EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos);
