@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <numeric>
 #include <filesystem>
 #include <latch>
 #include <thread>
@@ -73,14 +74,17 @@ TEST(DataParallelServe, TwoRanksServeConcurrentRequestsAsOneInstanceWouldAndBala
 }
 
 // The front's count of requests in flight at each rank (/debug/parallel),
-// once it is back to zero everywhere or after a bounded wait.
-std::vector<int64_t> rank_loads_when_drained(int front_port) {
+// once they add up to `total` (none: back to zero everywhere) or after a
+// bounded wait.
+std::vector<int64_t> rank_loads_when_drained(int front_port, int64_t total = 0) {
   std::vector<int64_t> loads;
   for (int k = 0; k < 2000; ++k) {
     loads.clear();
     for (const json& r : get(front_port, "/debug/parallel").value("ranks", json::array()))
       loads.push_back(r.value("in_flight", int64_t{-1}));
-    if (!loads.empty() && std::all_of(loads.begin(), loads.end(), [](int64_t n) { return n == 0; })) break;
+    if (!loads.empty() && std::reduce(loads.begin(), loads.end()) == total &&
+        std::all_of(loads.begin(), loads.end(), [](int64_t n) { return n >= 0; }))
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return loads;
@@ -256,6 +260,9 @@ TEST(DataParallelServe, PastTheShutdownTimeoutEveryRequestEndsWithAnErrorAndTheF
   const std::string why = "the server shut down before this request finished (--shutdown-timeout 1 s)";
   EXPECT_NE(on0.body_so_far().find(why), std::string::npos) << on0.body_so_far();
   EXPECT_NE(on1.body_so_far().find(why), std::string::npos) << on1.body_so_far();
+  // ...from the front itself, which stopped its relay (rank 1, parked,
+  // could not have written it).
+  EXPECT_NE(on1.body_so_far().find("upstream_failed"), std::string::npos) << on1.body_so_far();
   EXPECT_NE(on0.body_so_far().find("[DONE]"), std::string::npos) << on0.body_so_far();
   EXPECT_NE(on1.body_so_far().find("[DONE]"), std::string::npos) << on1.body_so_far();
   EXPECT_TRUE(stopped) << dp.group->log();
@@ -270,12 +277,13 @@ TEST(DataParallelServe, PastTheShutdownTimeoutARelayedRequestAloneIsCutOffToo) {
   ASSERT_TRUE(dp.ready(2)) << dp.group->log();
   const int pid1 = get(rank_address(dp.port, 1).second, "/debug/parallel").value("pid", 0);
   ASSERT_GT(pid1, 0);
-  Stream on0(dp.port, {{"prompt", "short"}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}});  // rank 0
+  const json longest = {{"prompt", "long"}, {"max_tokens", 480}, {"temperature", 0}, {"ignore_eos", true}};
+  Stream on0(dp.port, longest);  // rank 0
   ASSERT_TRUE(on0.wait_for_token(10'000));
-  Stream on1(dp.port, {{"prompt", "long"}, {"max_tokens", 400}, {"temperature", 0}, {"ignore_eos", true}});  // rank 1
+  Stream on1(dp.port, longest);  // rank 1
   ASSERT_TRUE(on1.wait_for_token(10'000));
-  (void)on0.up->wait_body(10'000);
-  ASSERT_NE(on0.body_so_far().find("[DONE]"), std::string::npos) << on0.body_so_far();
+  on0.up->stop();  // its client leaves: only the relayed request is left
+  ASSERT_EQ(rank_loads_when_drained(dp.port, 1), (std::vector<int64_t>{0, 1}));
   ASSERT_EQ(::kill(pid1, SIGSTOP), 0);
   const int64_t start_ms = monotonic_ms();
   ASSERT_EQ(::kill(dp.group->pid(), SIGTERM), 0);
@@ -285,6 +293,9 @@ TEST(DataParallelServe, PastTheShutdownTimeoutARelayedRequestAloneIsCutOffToo) {
   ::kill(pid1, SIGCONT);
   EXPECT_NE(on1.body_so_far().find("the server shut down before this request finished"), std::string::npos)
       << on1.body_so_far();
+  // The front's own error (its relay stopped), not rank 1's: uncounted, the
+  // relay was left to rank 1's drain once the front had stopped its ranks.
+  EXPECT_NE(on1.body_so_far().find("upstream_failed"), std::string::npos) << on1.body_so_far();
   EXPECT_TRUE(stopped) << dp.group->log();
   EXPECT_LT(took_ms, 30'000) << dp.group->log();
 }
