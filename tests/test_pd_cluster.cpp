@@ -153,8 +153,8 @@ std::vector<int> instance_ports(int router_port) {
 }
 
 // Every instance back to baseline: nothing held for a transfer, nothing waiting, nothing owned.
-void expect_drained(int router_port) {
-  for (int port : instance_ports(router_port)) {
+void expect_instances_drained(const std::vector<int>& ports) {
+  for (int port : ports) {
     bool drained = false;
     for (int64_t until = monotonic_ms() + 10'000; monotonic_ms() < until && !drained;) {
       drained = metric(port, "tandem_kv_blocks_held_for_transfer") == 0 &&
@@ -169,6 +169,7 @@ void expect_drained(int router_port) {
                          << metric(port, "tandem_state_slots_used");
   }
 }
+void expect_drained(int router_port) { expect_instances_drained(instance_ports(router_port)); }
 
 json completion(const std::string& prompt, int max_tokens) {
   return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
@@ -866,6 +867,50 @@ TEST(PdClusterFailures, ARestartedDecodeDropsAndCountsMessagesForItsOldEpoch) {
 
 // A client that goes away mid-stream ends both legs: the decode stops
 // decoding and every instance drains, well before max_tokens would have.
+// SIGTERM on the router past its --shutdown-timeout (here 0 s): the stream
+// in flight ends with an error its client sees, both legs end (no KV left
+// held on either instance), and the router exits at once, not when the
+// request would have finished.
+TEST(PdClusterFailures, ARouterStoppedPastItsShutdownTimeoutEndsTheStreamWithAnErrorAndBothLegs) {
+  Cluster c(1, 1, "write", "--router-args '--shutdown-timeout 0'");
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  const std::vector<int> ports = instance_ports(c.port);
+  ASSERT_EQ(ports.size(), 2u);
+  const pid_t router = c.pids.at("router");
+  std::mutex mu;
+  std::string raw;
+  std::atomic<bool> first{false};
+  std::thread client([&] {
+    httplib::Client cli("127.0.0.1", c.port);
+    cli.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"prompt", "cut by the router"}, {"max_tokens", 450}, {"ignore_eos", true}, {"stream", true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+      std::lock_guard<std::mutex> lock(mu);
+      raw.append(d, n);
+      if (raw.find("data: {") != std::string::npos) first = true;
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err;
+    cli.send(req, res, err);
+  });
+  for (int i = 0; i < 4000 && !first; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(first.load()) << c.group->log();
+  ASSERT_EQ(::kill(router, SIGTERM), 0);
+  client.join();
+  EXPECT_NE(raw.find("the router shut down before this request finished (--shutdown-timeout 0 s)"), std::string::npos)
+      << raw;
+  EXPECT_NE(raw.find("data: [DONE]"), std::string::npos) << raw;
+  EXPECT_EQ(raw.find("\"finish_reason\":\"length\""), std::string::npos) << "the request ran to its end: " << raw;
+  EXPECT_TRUE(c.group->wait_for("router (pid " + std::to_string(router) + ") exited with status 0", 10'000))
+      << c.group->log();
+  expect_instances_drained(ports);
+}
+
 TEST(PdClusterFailures, AClientDisconnectAbortsBothLegs) {
   Cluster c(1, 1, "write");
   ASSERT_TRUE(c.ready()) << c.group->log();

@@ -38,6 +38,7 @@ struct ClusterArgs {
   std::string tls = "tcp";
   int ready_timeout_s = 120;
   std::string prefill_args, decode_args;  // extra `tandem serve` arguments per role
+  std::string router_args;                // extra `tandem router` arguments
 };
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -86,6 +87,7 @@ void run_cluster(const ClusterArgs& a) {
 
   std::vector<Child> children;
   children.push_back({"router", {exe, "router", "--port", std::to_string(a.port)}});
+  for (const std::string& w : split_words(a.router_args)) children.back().args.push_back(w);
   for (int i = 0; i < n_instances; ++i) {
     bool prefill = i < a.prefill;
     children.push_back({std::string(prefill ? "prefill" : "decode") + " " + std::to_string(prefill ? i : i - a.prefill),
@@ -192,6 +194,7 @@ void add_cluster(CLI::App& app) {
       ->check(CLI::Range(1, 3600));
   cmd->add_option("--prefill-args", a->prefill_args, "Extra `tandem serve` arguments for prefill instances");
   cmd->add_option("--decode-args", a->decode_args, "Extra `tandem serve` arguments for decode instances");
+  cmd->add_option("--router-args", a->router_args, "Extra `tandem router` arguments");
   cmd->callback([a] { run_cluster(*a); });
 }
 

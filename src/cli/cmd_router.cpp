@@ -26,6 +26,9 @@ void add_router(CLI::App& app) {
   cmd->add_option("--request-timeout-ms", c->request_timeout_ms, "Deadline of one request")->check(CLI::Range(1000, 86'400'000));
   cmd->add_option("--eviction-ms", c->eviction_ms, "An instance silent this long is dropped")->check(CLI::Range(500, 600'000));
   cmd->add_option("--http-threads", c->http_threads, "Concurrent client connections")->check(CLI::Range(4, 4096));
+  cmd->add_option("--shutdown-timeout", c->shutdown_timeout_s,
+                  "Seconds SIGTERM lets requests in flight go on before they are cut off")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--max-queued-connections", c->max_queued_connections,
                   "Connections that may wait beyond --http-threads (beyond: HTTP 503 at once)")
       ->check(CLI::Range(0, 1 << 20));
@@ -49,7 +52,22 @@ void add_router(CLI::App& app) {
     std::thread signal_thread([&] {
       int sig = 0;
       sigwait(&signals, &sig);
-      std::fprintf(stderr, "tandem router: signal %d: stopping\n", sig);
+      std::fprintf(stderr, "tandem router: signal %d: draining (up to %d s)\n", sig, c->shutdown_timeout_s);
+      server.begin_drain();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(c->shutdown_timeout_s);
+      while (server.in_flight() > 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (const int64_t left = server.in_flight(); left > 0) {
+        std::fprintf(stderr, "tandem router: %lld requests still in flight at the shutdown timeout; they are cut off\n",
+                     static_cast<long long>(left));
+        // Each ends with an error its client sees, and both of its legs end
+        // (httplib's stop waits for the responses under way).
+        server.cut_off("the router shut down before this request finished (--shutdown-timeout " +
+                       std::to_string(c->shutdown_timeout_s) + " s)");
+        const auto cut_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (server.in_flight() > 0 && std::chrono::steady_clock::now() < cut_deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
       server.stop();
     });
     server.serve();

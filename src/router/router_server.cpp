@@ -136,6 +136,20 @@ void RouterServer::stop() {
   http_->stop();
 }
 
+void RouterServer::begin_drain() { draining_ = true; }
+
+void RouterServer::cut_off(const std::string& why) {
+  std::vector<std::function<void(const std::string&)>> cuts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cut_off_why_ = why;
+    for (const auto& [transfer, t] : transfers_)
+      if (t.cut) cuts.push_back(t.cut);
+  }
+  // (Outside the lock: each aborts its legs over HTTP.)
+  for (const auto& cut : cuts) cut(why);
+}
+
 void RouterServer::abort_leg(const InstanceInfo& instance, pd::TransferId transfer) {
   std::string body = json{{"transfer_id", transfer}}.dump();
   httplib::Client cli(instance.api_host, instance.api_port);
@@ -246,6 +260,7 @@ void RouterServer::install_routes() {
 
   // ---- clients ----
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_) return send_json(res, 503, json{{"status", "shutting down"}});
     int p = registry_.count(pd::Role::kPrefill), d = registry_.count(pd::Role::kDecode);
     json body = {{"prefill", p},
                  {"decode", d},
@@ -433,6 +448,7 @@ std::optional<RouterServer::Pair> RouterServer::pick_pair(const RequestShape& sh
 
 void RouterServer::generate(const httplib::Request& req, httplib::Response& res, const std::string& path) {
   ++counters_.requests;
+  if (draining_) return send_error(res, server::engine_unavailable("the router is shutting down"));
   if (const std::string_view problem = json_shape_problem(req.body); !problem.empty())
     return send_error(res, server::bad_json(problem));
   json body = json::parse(req.body, nullptr, false);
@@ -452,6 +468,11 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
   std::vector<pd::NodeId> avoid_prefill, avoid_decode;
   std::string last_error;
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+    {
+      // Cut off (a shutdown) between attempts: no other pair is tried.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!cut_off_why_.empty()) return send_error(res, server::engine_unavailable(cut_off_why_));
+    }
     ApiError refusal;
     auto pair = pick_pair(shape, avoid_prefill, avoid_decode, credit_deadline_ms, &refusal);
     if (!pair) {
@@ -464,7 +485,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     ++in_flight_;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      transfers_[transfer] = {transfer, prefill.node, decode.node, monotonic_ms(), "prefill"};
+      transfers_[transfer] = {transfer, prefill.node, decode.node, monotonic_ms(), "prefill", {}};
     }
     auto credits =
         std::make_shared<AttemptCredits>(registry_, prefill, decode, pair->prefill_credits, pair->decode_credits);
@@ -488,6 +509,15 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     // computes); READ after the prefill accepted (the decode reads what the
     // prefill computed, so there is nothing for it to do earlier).
     auto up = std::make_shared<server::Upstream>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      transfers_[transfer].cut = [this, leg = std::weak_ptr<server::Upstream>(up), prefill_at = prefill,
+                                  decode_at = decode, transfer](const std::string& why) {
+        if (auto u = leg.lock()) u->stop(why);
+        abort_leg(prefill_at, transfer);
+        abort_leg(decode_at, transfer);
+      };
+    }
     const bool parallel = prefill.mode == pd::TransferMode::kWrite;
     bool decode_leg_started = false;
     auto start_decode_leg = [&] {

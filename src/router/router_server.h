@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,6 +51,8 @@ struct RouterConfig {
   // How long a request may wait at the router for KV credits (every instance
   // that could hold it has them reserved) before it is answered 503.
   int64_t credit_wait_ms = 30'000;
+  // SIGTERM: how long requests in flight may go on before they are cut off.
+  int shutdown_timeout_s = 30;
 };
 
 struct RouterCounters {
@@ -76,6 +79,12 @@ class RouterServer {
 
   int bind();
   void serve();
+  // Stops admitting: new requests and /health get 503; those in flight go on.
+  void begin_drain();
+  int64_t in_flight() const { return in_flight_.load(); }
+  // Ends every request in flight with `why` as the error its client sees,
+  // and both of its legs (a drain past its timeout).
+  void cut_off(const std::string& why);
   void stop();
   Registry& registry() { return registry_; }
   const RouterCounters& counters() const { return counters_; }
@@ -87,6 +96,7 @@ class RouterServer {
     pd::NodeId decode = 0;
     int64_t started_ms = 0;
     std::string phase;
+    std::function<void(const std::string& why)> cut;  // ends it (cut_off), once its decode leg exists
   };
   void install_routes();
   // A prefill and a decode with the request's credits reserved on both (or
@@ -116,6 +126,8 @@ class RouterServer {
   std::mutex mu_;
   std::map<pd::TransferId, InFlight> transfers_;
   std::atomic<bool> running_{false};
+  std::atomic<bool> draining_{false};
+  std::string cut_off_why_;  // under mu_: cut_off()'s reason, empty until then
   std::thread evictor_;
 };
 
