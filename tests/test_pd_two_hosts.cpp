@@ -180,9 +180,12 @@ TEST_P(PdTwoHosts, PrefillAndDecodeInSeparateNetworkNamespacesOverTcp) {
   EXPECT_GT((mode == "write" ? p : d).value("rma_posts", 0), 0) << p.dump() << d.dump();
   EXPECT_EQ((mode == "write" ? d : p).value("rma_posts", -1), 0) << p.dump() << d.dump();
 
-  // kill -9 of the decode mid-stream: the client's stream ends with an error
-  // (never a silent truncation), and the prefill frees everything.
+  // kill -9 of the decode mid-stream (once its first token is in): the
+  // client's stream ends with an error (never a silent truncation), and the
+  // prefill frees everything.
   std::string raw;
+  std::atomic<int64_t> killed_ms{0};
+  const pid_t decode_pid = decode->pid;
   std::thread streamer([&] {
     in_namespace(ns.a, [&] {
       httplib::Client cli("192.0.2.1", 8000);
@@ -196,6 +199,10 @@ TEST_P(PdTwoHosts, PrefillAndDecodeInSeparateNetworkNamespacesOverTcp) {
       req.set_header("Content-Type", "application/json");
       req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
         raw.append(data, n);
+        if (killed_ms == 0 && raw.find("data: {") != std::string::npos) {
+          kill(-decode_pid, SIGKILL);
+          killed_ms = monotonic_ms();
+        }
         return true;
       };
       httplib::Response res;
@@ -204,13 +211,8 @@ TEST_P(PdTwoHosts, PrefillAndDecodeInSeparateNetworkNamespacesOverTcp) {
       return 0;
     });
   });
-  for (int64_t until = monotonic_ms() + 20'000; monotonic_ms() < until;) {
-    if (in_namespace(ns.b, [] { return metric("192.0.2.2", 8001, "tandem_num_requests_running"); }) > 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  kill(-decode->pid, SIGKILL);
-  const int64_t killed_ms = monotonic_ms();
   streamer.join();
+  ASSERT_GT(killed_ms.load(), 0) << "no token was streamed: " << raw.substr(0, 300);
   EXPECT_LT(monotonic_ms() - killed_ms, 15'000) << "the stream did not end within the lease bound";
   EXPECT_NE(raw.find("\"error\""), std::string::npos) << raw.substr(0, 300);
   decode.reset();
