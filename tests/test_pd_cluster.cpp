@@ -29,6 +29,7 @@
 #include "model/model.h"
 #include "model_fixtures.h"
 #include "process_fixtures.h"
+#include "serve_fixtures.h"
 #include "pd/types.h"
 #include "transport/ucx_transport.h"
 #include "transport/wire.h"
@@ -877,31 +878,11 @@ TEST(PdClusterFailures, ARouterStoppedPastItsShutdownTimeoutEndsTheStreamWithAnE
   const std::vector<int> ports = instance_ports(c.port);
   ASSERT_EQ(ports.size(), 2u);
   const pid_t router = c.pids.at("router");
-  std::mutex mu;
-  std::string raw;
-  std::atomic<bool> first{false};
-  std::thread client([&] {
-    httplib::Client cli("127.0.0.1", c.port);
-    cli.set_read_timeout(60, 0);
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = json{{"prompt", "cut by the router"}, {"max_tokens", 450}, {"ignore_eos", true}, {"stream", true}}.dump();
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-      std::lock_guard<std::mutex> lock(mu);
-      raw.append(d, n);
-      if (raw.find("data: {") != std::string::npos) first = true;
-      return true;
-    };
-    httplib::Response res;
-    httplib::Error err;
-    cli.send(req, res, err);
-  });
-  for (int i = 0; i < 4000 && !first; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_TRUE(first.load()) << c.group->log();
+  testing::Stream s(c.port, completion("cut by the router", 450));
+  ASSERT_TRUE(s.wait_for_token(20'000)) << c.group->log();
   ASSERT_EQ(::kill(router, SIGTERM), 0);
-  client.join();
+  (void)s.up->wait_body(60'000);
+  const std::string raw = s.body_so_far();
   EXPECT_NE(raw.find("the router shut down before this request finished (--shutdown-timeout 0 s)"), std::string::npos)
       << raw;
   EXPECT_NE(raw.find("data: [DONE]"), std::string::npos) << raw;
