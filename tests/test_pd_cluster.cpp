@@ -572,6 +572,8 @@ TEST(PdClusterFailures, KillingTheDecodeMidStreamEndsTheStreamWithAnError) {
   EXPECT_LT(ended_ms - killed_ms, 10'000) << "the client waited past the lease bound";
   EXPECT_NE(raw.find("\"error\""), std::string::npos) << raw.substr(raw.size() > 400 ? raw.size() - 400 : 0);
   EXPECT_EQ(raw.find("\"finish_reason\":\"length\""), std::string::npos);
+  // Counted as failed, though the client got the whole (error) response.
+  EXPECT_GE(metric(c.port, "tandem_router_requests_failed"), 1);
   ASSERT_TRUE(rejoined(c.port, "decode", old_epoch)) << c.group->log();
   // The restarted decode connects and serves; the prefill saw the old epoch die.
   bool served = false;

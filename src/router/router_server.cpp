@@ -610,13 +610,16 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
       continue;
     }
     server::Upstream::relay(res, up, body.value("stream", false),
-                            [this, finish, prefill_info = prefill, transfer](bool success) {
+                            [this, finish, prefill_info = prefill, transfer, leg = std::weak_ptr<server::Upstream>(up)](bool success) {
                               if (!success) {
                                 // The client left: both legs end (the relay stopped the decode's).
                                 ++counters_.client_aborts;
                                 abort_leg(prefill_info, transfer);
                               }
-                              finish(success ? kEndCompleted : kEndFailed);
+                              // A response that ended with the leg's error (a decode lost
+                              // mid-stream, a cut-off) reached the client whole, but failed.
+                              const auto u = leg.lock();
+                              finish(success && (!u || u->error().empty()) ? kEndCompleted : kEndFailed);
                             });
     return;
   }
