@@ -197,14 +197,14 @@ server::DpPlacement DataParallelFront::pick() {
   // While the group is not formed the request stays here, where it gets
   // the 503 that says so.
   const bool ready = engine_.ready();
-  std::vector<bool> reachable(static_cast<size_t>(options_.size), false);
-  for (int r = 1; ready && r < options_.size; ++r) reachable[static_cast<size_t>(r)] = !dir_.http_of(r).empty();
+  std::vector<std::string> address(static_cast<size_t>(options_.size));  // empty: not reachable
+  for (int r = 1; ready && r < options_.size; ++r) address[static_cast<size_t>(r)] = dir_.http_of(r);
   int best = 0;
   {
     std::lock_guard<std::mutex> lock(loads_->mu);
     auto& load = loads_->in_flight;
     for (int r = 1; r < options_.size; ++r)
-      if (reachable[static_cast<size_t>(r)] && load[static_cast<size_t>(r)] < load[static_cast<size_t>(best)]) best = r;
+      if (!address[static_cast<size_t>(r)].empty() && load[static_cast<size_t>(r)] < load[static_cast<size_t>(best)]) best = r;
     ++load[static_cast<size_t>(best)];
   }
   // Counted until the response is over (served, relayed, refused, or failed).
@@ -212,13 +212,13 @@ server::DpPlacement DataParallelFront::pick() {
     std::lock_guard<std::mutex> lock(loads->mu);
     --loads->in_flight[static_cast<size_t>(best)];
   });
-  return {best, std::move(hold)};
+  return {best, std::move(hold), std::move(address[static_cast<size_t>(best)])};
 }
 
 void DataParallelFront::forward(server::DpPlacement placement, const httplib::Request& req, httplib::Response& res) {
   const int rank = placement.rank;
   const std::string who = "data-parallel rank " + std::to_string(rank);
-  const std::string address = dir_.http_of(rank);
+  const std::string& address = placement.address;
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) {
     const server::ApiError e = server::engine_unavailable(who + " has no HTTP listener yet; retry");

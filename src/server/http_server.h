@@ -88,6 +88,7 @@ struct PdHook {
 struct DpPlacement {
   int rank = 0;
   std::shared_ptr<void> hold;
+  std::string address;  // another rank's HTTP listener (host:port), as read when it was picked
 };
 struct DpHook {
   std::function<DpPlacement()> pick;  // the rank for the next request
