@@ -179,10 +179,29 @@ TEST(DataParallelServe, ExpertParallelWithoutDataParallelIsRefusedWithTheFlagToA
 
 using testing::Stream;
 
+// A rank's process id, from its own /debug/parallel (0 when unknown).
+int rank_pid(int front_port, int rank) {
+  return get(rank_address(front_port, rank).second, "/debug/parallel").value("pid", 0);
+}
+
+// Parks rank 1 (SIGSTOP), sends the front SIGTERM, and waits (bounded) for
+// `streams` to end and the front to stop; rank 1 then runs again. Returns
+// the milliseconds the front took, or -1 when it did not stop.
+int64_t stop_the_front_with_rank_1_parked(Serve& dp, int pid1, std::initializer_list<Stream*> streams) {
+  if (::kill(pid1, SIGSTOP) != 0) return -1;
+  const int64_t start_ms = monotonic_ms();
+  ::kill(dp.group->pid(), SIGTERM);
+  for (Stream* s : streams) (void)s->up->wait_body(20'000);
+  const bool stopped = dp.group->wait_for("tandem: stopped", 30'000);
+  const int64_t took_ms = monotonic_ms() - start_ms;
+  ::kill(pid1, SIGCONT);
+  return stopped ? took_ms : -1;
+}
+
 TEST(DataParallelServe, AKilledRankFailsTheInFlightRequestsNamingItThenTheGroupReformsAndServes) {
   Serve dp("--data-parallel-size 2 --data-parallel-timeout-ms 5000");
   ASSERT_TRUE(dp.ready(2)) << dp.group->log();
-  const int pid1 = get(rank_address(dp.port, 1).second, "/debug/parallel").value("pid", 0);
+  const int pid1 = rank_pid(dp.port, 1);
   ASSERT_GT(pid1, 0);
   const json longest = {{"prompt", "long"}, {"max_tokens", 480}, {"temperature", 0}, {"ignore_eos", true}};
   Stream on0(dp.port, longest);  // rank 0: nothing in flight anywhere
@@ -242,21 +261,14 @@ TEST(DataParallelServe, SigtermOnTheFrontDrainsTheRequestsItRelaysToo) {
 TEST(DataParallelServe, PastTheShutdownTimeoutEveryRequestEndsWithAnErrorAndTheFrontStops) {
   Serve dp("--data-parallel-size 2 --data-parallel-timeout-ms 60000 --shutdown-timeout 1");
   ASSERT_TRUE(dp.ready(2)) << dp.group->log();
-  const int pid1 = get(rank_address(dp.port, 1).second, "/debug/parallel").value("pid", 0);
+  const int pid1 = rank_pid(dp.port, 1);
   ASSERT_GT(pid1, 0);
   const json longest = {{"prompt", "long"}, {"max_tokens", 400}, {"temperature", 0}, {"ignore_eos", true}};
   Stream on0(dp.port, longest);  // rank 0
   ASSERT_TRUE(on0.wait_for_token(10'000));
   Stream on1(dp.port, longest);  // rank 1, relayed
   ASSERT_TRUE(on1.wait_for_token(10'000));
-  ASSERT_EQ(::kill(pid1, SIGSTOP), 0);
-  const int64_t start_ms = monotonic_ms();
-  ASSERT_EQ(::kill(dp.group->pid(), SIGTERM), 0);
-  (void)on0.up->wait_body(20'000);
-  (void)on1.up->wait_body(20'000);
-  const bool stopped = dp.group->wait_for("tandem: stopped", 30'000);
-  const int64_t took_ms = monotonic_ms() - start_ms;
-  ::kill(pid1, SIGCONT);
+  const int64_t took_ms = stop_the_front_with_rank_1_parked(dp, pid1, {&on0, &on1});
   const std::string why = "the server shut down before this request finished (--shutdown-timeout 1 s)";
   EXPECT_NE(on0.body_so_far().find(why), std::string::npos) << on0.body_so_far();
   EXPECT_NE(on1.body_so_far().find(why), std::string::npos) << on1.body_so_far();
@@ -265,7 +277,7 @@ TEST(DataParallelServe, PastTheShutdownTimeoutEveryRequestEndsWithAnErrorAndTheF
   EXPECT_NE(on1.body_so_far().find("upstream_failed"), std::string::npos) << on1.body_so_far();
   EXPECT_NE(on0.body_so_far().find("[DONE]"), std::string::npos) << on0.body_so_far();
   EXPECT_NE(on1.body_so_far().find("[DONE]"), std::string::npos) << on1.body_so_far();
-  EXPECT_TRUE(stopped) << dp.group->log();
+  EXPECT_GE(took_ms, 0) << "the front did not stop: " << dp.group->log();
   EXPECT_LT(took_ms, 30'000) << dp.group->log();
   EXPECT_NE(dp.group->log().find("2 requests still in flight at the shutdown timeout"), std::string::npos) << dp.group->log();
 }
@@ -275,7 +287,7 @@ TEST(DataParallelServe, PastTheShutdownTimeoutEveryRequestEndsWithAnErrorAndTheF
 TEST(DataParallelServe, PastTheShutdownTimeoutARelayedRequestAloneIsCutOffToo) {
   Serve dp("--data-parallel-size 2 --data-parallel-timeout-ms 60000 --shutdown-timeout 1");
   ASSERT_TRUE(dp.ready(2)) << dp.group->log();
-  const int pid1 = get(rank_address(dp.port, 1).second, "/debug/parallel").value("pid", 0);
+  const int pid1 = rank_pid(dp.port, 1);
   ASSERT_GT(pid1, 0);
   const json longest = {{"prompt", "long"}, {"max_tokens", 480}, {"temperature", 0}, {"ignore_eos", true}};
   Stream on0(dp.port, longest);  // rank 0
@@ -284,19 +296,13 @@ TEST(DataParallelServe, PastTheShutdownTimeoutARelayedRequestAloneIsCutOffToo) {
   ASSERT_TRUE(on1.wait_for_token(10'000));
   on0.up->stop();  // its client leaves: only the relayed request is left
   ASSERT_EQ(rank_loads_when_drained(dp.port, 1), (std::vector<int64_t>{0, 1}));
-  ASSERT_EQ(::kill(pid1, SIGSTOP), 0);
-  const int64_t start_ms = monotonic_ms();
-  ASSERT_EQ(::kill(dp.group->pid(), SIGTERM), 0);
-  (void)on1.up->wait_body(20'000);
-  const bool stopped = dp.group->wait_for("tandem: stopped", 30'000);
-  const int64_t took_ms = monotonic_ms() - start_ms;
-  ::kill(pid1, SIGCONT);
+  const int64_t took_ms = stop_the_front_with_rank_1_parked(dp, pid1, {&on1});
   EXPECT_NE(on1.body_so_far().find("the server shut down before this request finished"), std::string::npos)
       << on1.body_so_far();
   // The front's own error (its relay stopped), not rank 1's: uncounted, the
   // relay was left to rank 1's drain once the front had stopped its ranks.
   EXPECT_NE(on1.body_so_far().find("upstream_failed"), std::string::npos) << on1.body_so_far();
-  EXPECT_TRUE(stopped) << dp.group->log();
+  EXPECT_GE(took_ms, 0) << "the front did not stop: " << dp.group->log();
   EXPECT_LT(took_ms, 30'000) << dp.group->log();
 }
 
@@ -306,7 +312,7 @@ TEST(DataParallelServe, PastTheShutdownTimeoutARelayedRequestAloneIsCutOffToo) {
 TEST(DataParallelServe, ARankParkedPastTheSoftDeadlineIsReportedAndServiceResumes) {
   Serve dp("--data-parallel-size 2 --data-parallel-soft-deadline-ms 300 --data-parallel-timeout-ms 20000");
   ASSERT_TRUE(dp.ready(2)) << dp.group->log();
-  const int pid1 = get(rank_address(dp.port, 1).second, "/debug/parallel").value("pid", 0);
+  const int pid1 = rank_pid(dp.port, 1);
   ASSERT_GT(pid1, 0);
   ASSERT_EQ(::kill(pid1, SIGSTOP), 0);
   std::string line;
