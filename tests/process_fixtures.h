@@ -69,18 +69,25 @@ inline double metric(const std::string& host, int port, const std::string& name)
   return -2;
 }
 
-// The KV cache usage at host:port once its requests have let go of their
-// blocks. A response can reach the client a moment before the engine loop
-// frees the request's blocks, so this polls (bounded: 5 s) for 0 and returns
-// the last value read.
-inline double kv_usage_when_drained(const std::string& host, int port) {
-  double usage = -1;
+// The value of `name` at host:port once `wanted` holds for it, polled
+// (bounded: 5 s); the last value read when it never does. For what a server
+// counts a moment after the client has its response: the engine loop frees
+// a request's blocks, the router counts how a relay ended.
+template <class Wanted>
+inline double metric_when(const std::string& host, int port, const std::string& name, Wanted wanted) {
+  double value = -1;
   for (int i = 0; i < 500; ++i) {
-    usage = metric(host, port, "tandem_kv_cache_usage_perc");
-    if (usage == 0) break;
+    value = metric(host, port, name);
+    if (wanted(value)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return usage;
+  return value;
+}
+
+// The KV cache usage at host:port once its requests have let go of their
+// blocks.
+inline double kv_usage_when_drained(const std::string& host, int port) {
+  return metric_when(host, port, "tandem_kv_cache_usage_perc", [](double usage) { return usage == 0; });
 }
 
 // A process group running one command; killed and reaped when it goes.
