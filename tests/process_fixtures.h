@@ -90,6 +90,15 @@ inline double kv_usage_when_drained(const std::string& host, int port) {
   return metric_when(host, port, "tandem_kv_cache_usage_perc", [](double usage) { return usage == 0; });
 }
 
+// Sends `sig` to a process held stopped (SIGSTOP, then SIGCONT), so that it
+// handles the signal the moment it runs again: a tiny model finishes a few
+// hundred tokens in about 100 ms, which a loaded test machine can spend
+// between a test's kill() and the server's signal thread, and a request
+// meant to be cut off by the signal would run to its end first.
+inline bool signal_when_resumed(pid_t pid, int sig) {
+  return ::kill(pid, SIGSTOP) == 0 && ::kill(pid, sig) == 0 && ::kill(pid, SIGCONT) == 0;
+}
+
 // A process group running one command; killed and reaped when it goes.
 class ProcessGroup {
  public:

@@ -86,7 +86,7 @@ TEST(ServeProcess, SigtermPastTheShutdownTimeoutEndsTheRequestWithAnError) {
   ASSERT_GT(p.port, 0) << "the server did not print its address";
   testing::Stream s(p.port, {{"prompt", "cut me off"}, {"max_tokens", 480}, {"temperature", 0}, {"ignore_eos", true}});
   ASSERT_TRUE(s.wait_for_token(10'000));
-  ASSERT_EQ(kill(p.pid, SIGTERM), 0);
+  ASSERT_TRUE(testing::signal_when_resumed(p.pid, SIGTERM));
   (void)s.up->wait_body(60'000);
   const std::string streamed = s.body_so_far();
   EXPECT_NE(streamed.find("the server shut down before this request finished (--shutdown-timeout 0 s)"), std::string::npos)
