@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <chrono>
@@ -158,14 +159,18 @@ std::vector<int> instance_ports(int router_port) {
   return ports;
 }
 
-// Every instance back to baseline: nothing held for a transfer, nothing waiting, nothing owned.
+// An instance back to baseline: nothing held for a transfer, nothing waiting, nothing owned.
+bool instance_drained(int port) {
+  return metric(port, "tandem_kv_blocks_held_for_transfer") == 0 &&
+         metric(port, "tandem_num_requests_waiting_remote_kv") == 0 &&
+         metric(port, "tandem_kv_cache_usage_perc") == 0 && metric(port, "tandem_state_slots_used") == 0;
+}
+
 void expect_instances_drained(const std::vector<int>& ports) {
   for (int port : ports) {
     bool drained = false;
     for (int64_t until = monotonic_ms() + 10'000; monotonic_ms() < until && !drained;) {
-      drained = metric(port, "tandem_kv_blocks_held_for_transfer") == 0 &&
-                metric(port, "tandem_num_requests_waiting_remote_kv") == 0 &&
-                metric(port, "tandem_kv_cache_usage_perc") == 0 && metric(port, "tandem_state_slots_used") == 0;
+      drained = instance_drained(port);
       if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     EXPECT_TRUE(drained) << "instance on port " << port << " did not return to its baseline: held "
@@ -175,7 +180,20 @@ void expect_instances_drained(const std::vector<int>& ports) {
                          << metric(port, "tandem_state_slots_used");
   }
 }
-void expect_drained(int router_port) { expect_instances_drained(instance_ports(router_port)); }
+
+// Every instance the router lists, read again each round (bounded: 15 s): a
+// process that was replaced (a restarted data-parallel rank registers as a
+// new node) stays listed under its dead port until its eviction (5 s).
+void expect_drained(int router_port) {
+  std::vector<int> ports;
+  for (int64_t until = monotonic_ms() + 15'000; monotonic_ms() < until;) {
+    ports = instance_ports(router_port);
+    if (!ports.empty() && std::all_of(ports.begin(), ports.end(), instance_drained)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_FALSE(ports.empty()) << "the router lists no instance";
+  expect_instances_drained(ports);
+}
 
 json completion(const std::string& prompt, int max_tokens) {
   return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
@@ -888,7 +906,7 @@ TEST(PdClusterFailures, ARouterStoppedPastItsShutdownTimeoutEndsTheStreamWithAnE
   const pid_t router = c.pids.at("router");
   testing::Stream s(c.port, completion("cut by the router", 450));
   ASSERT_TRUE(s.wait_for_token(20'000)) << c.group->log();
-  ASSERT_EQ(::kill(router, SIGTERM), 0);
+  ASSERT_TRUE(testing::signal_when_resumed(router, SIGTERM));
   (void)s.up->wait_body(60'000);
   const std::string raw = s.body_so_far();
   EXPECT_NE(raw.find("the router shut down before this request finished (--shutdown-timeout 0 s)"), std::string::npos)
@@ -897,6 +915,106 @@ TEST(PdClusterFailures, ARouterStoppedPastItsShutdownTimeoutEndsTheStreamWithAnE
   EXPECT_EQ(raw.find("\"finish_reason\":\"length\""), std::string::npos) << "the request ran to its end: " << raw;
   EXPECT_TRUE(c.group->wait_for("router (pid " + std::to_string(router) + ") exited with status 0", 10'000))
       << c.group->log();
+  expect_instances_drained(ports);
+}
+
+// A cut-off does not wait on a prefill that has stopped answering: the
+// prefill leg's call is cut like the decode's (it used to wait out its 30 s
+// read timeout).
+TEST(PdClusterFailures, ARouterStoppedPastItsShutdownTimeoutDoesNotWaitForAWedgedPrefill) {
+  Cluster c(1, 1, "write", "--router-args '--shutdown-timeout 0'");
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  const pid_t router = c.pids.at("router");
+  const pid_t prefill = c.pids.at("prefill 0");
+  ASSERT_EQ(::kill(prefill, SIGSTOP), 0);
+  testing::Stream s(c.port, completion("a prefill that never answers", 8));
+  const double in_prefill =
+      metric_at_least(c.port, "tandem_router_transfers{phase=\"prefill\"}", 1);
+  if (in_prefill < 1) ::kill(prefill, SIGCONT);
+  ASSERT_GE(in_prefill, 1) << c.group->log();
+  const int64_t stopped_ms = monotonic_ms();
+  ASSERT_EQ(::kill(router, SIGTERM), 0);
+  (void)s.up->wait_body(60'000);
+  const int64_t ended_ms = monotonic_ms();
+  ::kill(prefill, SIGCONT);
+  const std::string raw = s.body_so_far();
+  EXPECT_EQ(s.up->wait_status(0), 503) << raw;
+  EXPECT_NE(raw.find("the router shut down before this request finished (--shutdown-timeout 0 s)"), std::string::npos)
+      << raw;
+  // Bounded well under the leg's 30 s read timeout (no timing test: the
+  // cut's aborts may each take their 2 s read timeout on the stopped prefill).
+  EXPECT_LT(ended_ms - stopped_ms, 15'000);
+  EXPECT_TRUE(c.group->wait_for("router (pid " + std::to_string(router) + ") exited with status 0", 20'000))
+      << c.group->log();
+}
+
+// A decode that freezes mid-stream (SIGSTOP: its sockets stay open, so no
+// read fails) is evicted for silence, and the stream it was serving ends
+// then with an error naming it, not after the request's 900 s timeout.
+// Resumed, the instance drops that request and joins again.
+TEST(PdClusterFailures, AStreamOnADecodeThatGoesSilentEndsWithAnErrorWhenItIsEvicted) {
+  Cluster c(1, 1, "write");
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  const std::vector<int> ports = instance_ports(c.port);
+  const pid_t decode = c.pids.at("decode 0");
+  const uint32_t old_epoch = epoch_of(c.port, "decode");
+  std::string raw;
+  int64_t stopped_ms = 0, ended_ms = 0;
+  for (int attempt = 0; attempt < 3 && stopped_ms == 0; ++attempt) {
+    testing::Stream s(c.port, completion("frozen mid-stream", 450));
+    ASSERT_TRUE(s.wait_for_token(20'000)) << c.group->log();
+    ASSERT_EQ(::kill(decode, SIGSTOP), 0);
+    const int64_t at = monotonic_ms();
+    (void)s.up->wait_body(60'000);
+    ended_ms = monotonic_ms();
+    raw = s.body_so_far();
+    ASSERT_EQ(::kill(decode, SIGCONT), 0);
+    // (A stream that had ended before the freeze tests nothing: again.)
+    if (raw.find("\"finish_reason\":\"length\"") == std::string::npos) stopped_ms = at;
+  }
+  ASSERT_NE(stopped_ms, 0) << "every stream ended before its decode froze";
+  EXPECT_NE(raw.find("the decode instance (node"), std::string::npos) << raw;
+  EXPECT_NE(raw.find("went silent: no heartbeat for 5000 ms"), std::string::npos) << raw;
+  EXPECT_NE(raw.find("data: [DONE]"), std::string::npos) << raw;
+  // Bounded by the eviction (5 s) and its check (0.5 s), not the request's
+  // timeout (no timing test: a generous multiple).
+  EXPECT_LT(ended_ms - stopped_ms, 20'000) << raw;
+  EXPECT_GE(metric_at_least(c.port, "tandem_router_requests_failed", 1), 1);
+  // Resumed, it finds itself unknown at its next heartbeat and registers
+  // again (the same process: its epoch is unchanged).
+  bool listed = false;
+  for (int64_t until = monotonic_ms() + 30'000; monotonic_ms() < until && !listed;) {
+    listed = instance_ports(c.port).size() == 2 && epoch_of(c.port, "decode") == old_epoch;
+    if (!listed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(listed) << c.group->log();
+  expect_instances_drained(ports);
+  int status = 0;
+  json r = post(c.port, "/v1/completions", completion("after the freeze", 4), &status);
+  EXPECT_EQ(status, 200) << r.dump();
+}
+
+// A prefill that freezes before it answers is evicted for silence, and the
+// request waiting on it is tried on another pair (here there is none: it
+// fails, naming the silent instance) instead of waiting out the prefill
+// call's 30 s.
+TEST(PdClusterFailures, ARequestOnAPrefillThatGoesSilentIsGivenUpWhenItIsEvicted) {
+  Cluster c(1, 1, "write");
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  const std::vector<int> ports = instance_ports(c.port);
+  const pid_t prefill = c.pids.at("prefill 0");
+  ASSERT_EQ(::kill(prefill, SIGSTOP), 0);
+  const int64_t stopped_ms = monotonic_ms();
+  int status = 0;
+  json r = post(c.port, "/v1/completions", completion("a prefill that froze", 8), &status);
+  const int64_t ended_ms = monotonic_ms();
+  ASSERT_EQ(::kill(prefill, SIGCONT), 0);
+  EXPECT_EQ(status, 502) << r.dump();
+  EXPECT_NE(r.dump().find("the prefill instance (node"), std::string::npos) << r.dump();
+  EXPECT_NE(r.dump().find("went silent: no heartbeat for 5000 ms"), std::string::npos) << r.dump();
+  EXPECT_NE(r.dump().find("(tried 1 time)"), std::string::npos) << r.dump();
+  // Well under the prefill call's 30 s read timeout (the eviction is 5 s).
+  EXPECT_LT(ended_ms - stopped_ms, 20'000) << r.dump();
   expect_instances_drained(ports);
 }
 

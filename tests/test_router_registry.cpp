@@ -142,7 +142,7 @@ TEST(RouterRegistry, RequestsOfAnEvictedEntryDoNotTouchItsSuccessor) {
   ASSERT_FALSE(r.add(instance(3, pd::Role::kDecode, 100), 0));
   Pick old = r.pick(pd::Role::kDecode, 40);
   ASSERT_TRUE(old.instance);
-  EXPECT_EQ(r.evict_silent(5000), 1);
+  EXPECT_EQ(r.evict_silent(5000), std::vector<pd::NodeId>{3});
   InstanceInfo again = instance(3, pd::Role::kDecode, 100);
   again.epoch = 2;
   ASSERT_FALSE(r.add(again, 5000));

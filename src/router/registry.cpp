@@ -71,24 +71,24 @@ bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& l
   return true;
 }
 
-int Registry::evict_silent(int64_t now_ms) {
+std::vector<pd::NodeId> Registry::evict_silent(int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
-  int n = 0;
+  std::vector<pd::NodeId> evicted;
   for (auto it = instances_.begin(); it != instances_.end();) {
     if (now_ms - it->second.last_heard_ms > eviction_ms_) {
+      evicted.push_back(it->first);
       it = instances_.erase(it);
-      ++n;
     } else {
       ++it;
     }
   }
-  evictions_ += n;
-  if (n > 0) {
+  evictions_ += static_cast<int64_t>(evicted.size());
+  if (!evicted.empty()) {
     ++version_;
     credits_changed();  // a waiter may now find that nothing left can hold its request
   }
   if (instances_.empty()) cluster_fingerprint_.reset();
-  return n;
+  return evicted;
 }
 
 InstanceInfo* Registry::choose_locked(pd::Role role, int64_t blocks, const std::vector<pd::NodeId>& avoid,

@@ -118,8 +118,8 @@ class Registry {
   // False when the node is unknown or the epoch is not the registered one
   // (the instance must register again).
   bool heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& load, int64_t now_ms);
-  // Drops instances silent for eviction_ms; returns how many.
-  int evict_silent(int64_t now_ms);
+  // Drops instances silent for eviction_ms; returns their nodes.
+  std::vector<pd::NodeId> evict_silent(int64_t now_ms);
   // Among the live instances of `role` not in `avoid` whose free credits hold
   // `blocks`: the one with the fewest requests in flight here (then the
   // shortest queue, then the most free credits). Reserves `blocks` on it and
@@ -159,6 +159,7 @@ class Registry {
   // Registered ranks of that role (an instance without data parallelism is one).
   int count_ranks(pd::Role role) const;
   int64_t evictions() const;
+  int64_t eviction_ms() const { return eviction_ms_; }
   // Grows whenever the set of instances or their addresses changes (not on
   // load updates): a heartbeat answer carries the list only when it moved.
   uint64_t version() const;

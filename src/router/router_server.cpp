@@ -124,7 +124,8 @@ void RouterServer::serve() {
   running_ = true;
   evictor_ = std::thread([this] {
     while (running_) {
-      registry_.evict_silent(monotonic_ms());
+      const std::vector<pd::NodeId> evicted = registry_.evict_silent(monotonic_ms());
+      if (!evicted.empty()) lose_instances(evicted);
       for (int i = 0; i < 10 && running_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   });
@@ -148,6 +149,34 @@ void RouterServer::cut_off(const std::string& why) {
   }
   // (Outside the lock: each aborts its legs over HTTP.)
   for (const auto& cut : cuts) cut(why);
+}
+
+void RouterServer::lose_instances(const std::vector<pd::NodeId>& nodes) {
+  std::vector<std::pair<std::function<void(const std::string&)>, std::string>> stops;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [transfer, t] : transfers_) {
+      for (pd::NodeId node : nodes) {
+        // A prefill lost after it answered is not waited on: the decode has
+        // the KV, or reads it under its own deadline and fails the leg.
+        if (node != t.decode && (node != t.prefill || t.phase != "prefill")) continue;
+        t.lost = node;
+        if (t.stop_calls)
+          stops.emplace_back(t.stop_calls, std::string(node == t.prefill ? "the prefill" : "the decode") +
+                                                " instance (node " + std::to_string(node) + ") went silent: no heartbeat for " +
+                                                std::to_string(registry_.eviction_ms()) +
+                                                " ms (--eviction-ms), so the router dropped it");
+        break;
+      }
+    }
+  }
+  for (const auto& [stop, why] : stops) stop(why);
+}
+
+std::optional<pd::NodeId> RouterServer::lost_node(pd::TransferId transfer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = transfers_.find(transfer);
+  return it == transfers_.end() ? std::nullopt : it->second.lost;
 }
 
 void RouterServer::abort_leg(const InstanceInfo& instance, pd::TransferId transfer) {
@@ -465,13 +494,19 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
   // sent to the client: a leg that cannot be reached or answers 5xx before
   // the decode's response began.
   constexpr int kMaxAttempts = 3;
+  // The prefill answers once it has computed the prompt (never a stream).
+  constexpr int kPrefillReadTimeoutS = 30;
   std::vector<pd::NodeId> avoid_prefill, avoid_decode;
   std::string last_error;
+  int attempts = 0;
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
     {
       // Cut off (a shutdown) between attempts: no other pair is tried.
       std::lock_guard<std::mutex> lock(mu_);
-      if (!cut_off_why_.empty()) return send_error(res, server::engine_unavailable(cut_off_why_));
+      if (!cut_off_why_.empty()) {
+        ++counters_.failed;
+        return send_error(res, server::engine_unavailable(cut_off_why_));
+      }
     }
     ApiError refusal;
     auto pair = pick_pair(shape, avoid_prefill, avoid_decode, credit_deadline_ms, &refusal);
@@ -479,14 +514,11 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
       if (attempt > 0) break;
       return send_error(res, refusal);
     }
+    ++attempts;
     const InstanceInfo& prefill = pair->prefill;
     const InstanceInfo& decode = pair->decode;
     const pd::TransferId transfer = mint();
     ++in_flight_;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      transfers_[transfer] = {transfer, prefill.node, decode.node, monotonic_ms(), "prefill", {}};
-    }
     auto credits =
         std::make_shared<AttemptCredits>(registry_, prefill, decode, pair->prefill_credits, pair->decode_credits);
     // Every attempt ends through `finish`, exactly once.
@@ -509,11 +541,25 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     // computes); READ after the prefill accepted (the decode reads what the
     // prefill computed, so there is nothing for it to do earlier).
     auto up = std::make_shared<server::Upstream>();
+    // The prefill leg's call, stopped like the decode's: neither a cut-off
+    // nor an eviction waits out its read timeout on a prefill that has
+    // stopped answering.
+    auto prefill_leg = std::make_shared<server::Upstream>();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      transfers_[transfer].cut = [this, leg = std::weak_ptr<server::Upstream>(up), prefill_at = prefill,
-                                  decode_at = decode, transfer](const std::string& why) {
-        if (auto u = leg.lock()) u->stop(why);
+      InFlight& t = transfers_[transfer];
+      t.transfer = transfer;
+      t.prefill = prefill.node;
+      t.decode = decode.node;
+      t.started_ms = monotonic_ms();
+      t.phase = "prefill";
+      t.stop_calls = [decode_call = std::weak_ptr<server::Upstream>(up),
+                      prefill_call = std::weak_ptr<server::Upstream>(prefill_leg)](const std::string& why) {
+        for (const auto& call : {decode_call, prefill_call})
+          if (auto u = call.lock()) u->stop(why);
+      };
+      t.cut = [this, stop = t.stop_calls, prefill_at = prefill, decode_at = decode, transfer](const std::string& why) {
+        stop(why);
         abort_leg(prefill_at, transfer);
         abort_leg(decode_at, transfer);
       };
@@ -553,29 +599,58 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     prefill_body["stream"] = false;
     prefill_body.erase("stream_options");
     {
-      httplib::Client cli(prefill.api_host, prefill.api_port);
-      cli.set_tcp_nodelay(true);
-      cli.set_connection_timeout(0, config_.upstream_connect_timeout_ms * 1000);
-      cli.set_read_timeout(30, 0);
-      auto r = cli.Post(path, prefill_body.dump(), "application/json");
-      if (r && r->status >= 400 && r->status < 500) {
+      server::UpstreamCall call;
+      call.host = prefill.api_host;
+      call.port = prefill.api_port;
+      call.path = path;
+      call.body = prefill_body.dump();
+      call.who = "the prefill instance (node " + std::to_string(prefill.node) + ")";
+      call.connect_timeout_ms = config_.upstream_connect_timeout_ms;
+      call.read_timeout_s = kPrefillReadTimeoutS;
+      prefill_leg->start(std::move(call));
+      // (The reader's own read timeout ends a silent call first; this bound
+      // is the one the router holds itself to.)
+      const int status = prefill_leg->wait_status(config_.upstream_connect_timeout_ms + kPrefillReadTimeoutS * 1000 + 1000);
+      const std::string answer = status > 0 ? prefill_leg->wait_body(kPrefillReadTimeoutS * 1000) : std::string();
+      if (status >= 400 && status < 500) {
         // The request itself is wrong: the instance's OpenAI error goes back as is.
         drop_decode_leg();
         finish(kEndFailed);
-        res.status = r->status;
-        res.set_content(r->body, "application/json");
+        res.status = status;
+        res.set_content(answer, "application/json");
         return;
       }
-      if (!r || r->status != 200) {
-        last_error = "the prefill instance (node " + std::to_string(prefill.node) + ") " +
-                     (r ? "answered HTTP " + std::to_string(r->status) : "could not be reached");
-        if (r) abort_leg(prefill, transfer);
-        drop_decode_leg();
+      if (status != 200 || !prefill_leg->error().empty()) {
+        prefill_leg->stop();
+        std::string cut_off_why;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          cut_off_why = cut_off_why_;
+        }
+        if (!cut_off_why.empty()) {  // (the cut has aborted both legs)
+          finish(kEndFailed);
+          return send_error(res, server::engine_unavailable(cut_off_why));
+        }
+        last_error = status > 0 ? "the prefill instance (node " + std::to_string(prefill.node) + ") answered HTTP " +
+                                      std::to_string(status)
+                     : status == 0 ? "the prefill instance (node " + std::to_string(prefill.node) + ") did not answer"
+                                   : prefill_leg->error();
+        // (No abort goes to an instance evicted for silence: it would wait
+        // out its timeout, and the instance drops the request itself when
+        // it finds the router's connection gone.)
+        const std::optional<pd::NodeId> lost = lost_node(transfer);
+        if (status > 0 || (lost && *lost != prefill.node)) abort_leg(prefill, transfer);
+        if (lost == decode.node) {
+          up->stop();
+          avoid_decode.push_back(decode.node);
+        } else {
+          drop_decode_leg();
+          avoid_prefill.push_back(prefill.node);
+        }
         finish(kEndRetried);
-        avoid_prefill.push_back(prefill.node);
         continue;
       }
-      json accepted = json::parse(r->body, nullptr, false);
+      json accepted = json::parse(answer, nullptr, false);
       if (accepted.is_object() && accepted.contains("prompt_tokens")) {
         RequestShape exact;
         exact.prompt_tokens = accepted.value("prompt_tokens", shape.prompt_tokens);
@@ -624,7 +699,9 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     return;
   }
   ++counters_.failed;
-  send_error(res, server::upstream_error(last_error + " (tried " + std::to_string(kMaxAttempts) + " times)"));
+  // (Fewer than kMaxAttempts when no other pair was left to try.)
+  send_error(res, server::upstream_error(last_error + " (tried " + std::to_string(attempts) +
+                                         (attempts == 1 ? " time)" : " times)")));
 }
 
 }  // namespace tandem::router

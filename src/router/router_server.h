@@ -96,8 +96,21 @@ class RouterServer {
     pd::NodeId decode = 0;
     int64_t started_ms = 0;
     std::string phase;
-    std::function<void(const std::string& why)> cut;  // ends it (cut_off), once its decode leg exists
+    // Stops both legs' calls, each ending with `why` as its error.
+    std::function<void(const std::string& why)> stop_calls;
+    // Stops them and aborts both legs (cut_off).
+    std::function<void(const std::string& why)> cut;
+    // The instance of its pair that was evicted for silence while it ran,
+    // if one was: its attempt failed there, not at the other.
+    std::optional<pd::NodeId> lost;
   };
+  // Ends the calls of every request in flight on these instances, which
+  // were just evicted for silence: a request still before its first byte
+  // is tried on another pair, a stream ends with the error (a client is
+  // never left waiting out its request timeout on a wedged instance).
+  void lose_instances(const std::vector<pd::NodeId>& nodes);
+  // The node of `transfer`'s pair that was evicted while it ran, if one was.
+  std::optional<pd::NodeId> lost_node(pd::TransferId transfer);
   void install_routes();
   // A prefill and a decode with the request's credits reserved on both (or
   // neither), waiting for credits until deadline_ms; nullopt with the

@@ -74,7 +74,8 @@ void Upstream::start(UpstreamCall call, std::function<void(const std::string&)> 
     client_ = nullptr;
     if (!sent && status_ == 0) {
       status_ = -1;
-      error_ = call.who + " could not be reached: " + httplib::to_string(err);
+      error_ = cancel_ && !stop_reason_.empty() ? stop_reason_
+                                                : call.who + " could not be reached: " + httplib::to_string(err);
     } else if (!sent && !cancel_) {
       error_ = call.who + " failed mid-response: " + httplib::to_string(err);
     } else if (!sent && !stop_reason_.empty()) {  // (cancelled: stop() with a reason)
