@@ -1,9 +1,11 @@
 // Generated tiny models shared by the model tests (made once per test binary).
 #pragma once
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "gguf/gguf.h"
@@ -29,6 +31,26 @@ inline std::string tiny_model_path(const std::string& arch, kernels::DType dtype
   o.seed = seed;
   make_model(o, path);
   made[key] = path;
+  return path;
+}
+
+// A copy of the tiny llama f16 model whose embedding row of `token` holds a
+// NaN: the logits of any prompt with that token are NaN, as a damaged file,
+// or one whose activations overflow, gives; other prompts are untouched.
+inline std::string nan_token_model_path(int32_t token) {
+  const std::string clean = tiny_model_path("llama", kernels::DType::kF16);
+  const std::string path = (process_scratch_dir() / ("tiny-llama-nan-token-" + std::to_string(token) + ".gguf")).string();
+  std::filesystem::copy_file(clean, path, std::filesystem::copy_options::overwrite_existing);
+  const gguf::File f = gguf::File::open(clean);
+  const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
+  if (embd.type != gguf::TensorType::F16) throw std::runtime_error("the tiny model's embeddings are not F16");
+  const uint64_t at = f.data_offset() + embd.offset + static_cast<uint64_t>(token) * embd.dims[0] * 2;
+  std::FILE* out = std::fopen(path.c_str(), "r+b");
+  const uint16_t nan = 0x7e00;  // an F16 quiet NaN
+  const bool written = out != nullptr && std::fseek(out, static_cast<long>(at), SEEK_SET) == 0 &&
+                       std::fwrite(&nan, sizeof nan, 1, out) == 1;
+  if (out != nullptr) std::fclose(out);
+  if (!written) throw std::runtime_error("could not write " + path);
   return path;
 }
 

@@ -49,9 +49,10 @@ struct Cluster {
   int port = free_port();
   std::unique_ptr<ProcessGroup> group;
   std::map<std::string, pid_t> pids;  // "router", "prefill 0", "decode 0", ...
+  // `model`: a file of its own instead of the tiny model of `arch`.
   Cluster(int prefill, int decode, const std::string& mode, const std::string& extra = "", int kv_cache_mb = 16,
-          const std::string& arch = "llama") {
-    const std::string model = testing::tiny_model_path(arch, kernels::DType::kF16);
+          const std::string& arch = "llama", const std::string& model_file = "") {
+    const std::string model = model_file.empty() ? testing::tiny_model_path(arch, kernels::DType::kF16) : model_file;
     group = std::make_unique<ProcessGroup>(std::string(TANDEM_BINARY) + " cluster --prefill " + std::to_string(prefill) +
                                     " --decode " + std::to_string(decode) + " --mode " + mode + " -m " + model +
                                     " --port " + std::to_string(port) + " --kv-cache-mb " + std::to_string(kv_cache_mb) +
@@ -1016,6 +1017,33 @@ TEST(PdClusterFailures, ARequestOnAPrefillThatGoesSilentIsGivenUpWhenItIsEvicted
   // Well under the prefill call's 30 s read timeout (the eviction is 5 s).
   EXPECT_LT(ended_ms - stopped_ms, 20'000) << r.dump();
   expect_instances_drained(ports);
+}
+
+// The decode samples a P/D request's first token: logits that are NaN there
+// (a file with a NaN in one token's embedding) fail that request with the
+// decode's reason passed on by the router (it used to abort the decode),
+// and the cluster serves the others.
+TEST(PdClusterFailures, NonFiniteLogitsFailTheirRequestWithTheReasonAndTheClusterGoesOn) {
+  constexpr int kPoisoned = 7;
+  Cluster c(1, 1, "write", "", 16, "llama", testing::nan_token_model_path(kPoisoned));
+  ASSERT_TRUE(c.ready()) << c.group->log();
+  const std::string why = "the model produced logits that are NaN or infinite";
+  json poisoned_prompt = {{"prompt", json::array({5, kPoisoned, 9})}, {"max_tokens", 8}, {"temperature", 0}};
+  int status = 0;
+  json r = post(c.port, "/v1/completions", poisoned_prompt, &status);
+  // (Before any byte reached the client: tried on another decode, of which there is none.)
+  EXPECT_EQ(status, 502) << r.dump();
+  EXPECT_NE(r.dump().find("the decode instance (node"), std::string::npos) << r.dump();
+  EXPECT_NE(r.dump().find("answered HTTP 500: Internal server error: " + why), std::string::npos) << r.dump();
+  testing::Stream s(c.port, poisoned_prompt);
+  (void)s.up->wait_body(60'000);
+  EXPECT_NE(s.body_so_far().find(why), std::string::npos) << s.body_so_far();
+  EXPECT_NE(s.body_so_far().find("data: [DONE]"), std::string::npos) << s.body_so_far();
+  json clean = post(c.port, "/v1/completions", {{"prompt", json::array({5, 9, 11})}, {"max_tokens", 8}, {"temperature", 0}},
+                    &status);
+  EXPECT_EQ(status, 200) << clean.dump();
+  EXPECT_EQ(clean["usage"]["completion_tokens"], 8) << clean.dump();
+  expect_drained(c.port);
 }
 
 TEST(PdClusterFailures, AClientDisconnectAbortsBothLegs) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -18,6 +19,8 @@
 
 namespace tandem {
 namespace {
+
+using testing::json;
 
 struct ServerProcess {
   pid_t pid = -1;
@@ -129,6 +132,43 @@ TEST(ServeProcess, BindsLoopbackByDefault) {
   waitpid(p.pid, &wstatus, 0);
   EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
   std::fclose(p.stderr_stream);
+}
+
+// A model whose logits turn NaN for some prompts (here: a NaN in the
+// embedding row of one token, as a damaged or overflowing file gives) fails
+// exactly those requests, with an error that says what is wrong with the
+// file, and serves the others; the server stays up and frees their blocks.
+// (It used to abort on an invariant check.)
+TEST(ServeProcess, NonFiniteLogitsFailTheirRequestAndTheServerGoesOn) {
+  constexpr int kPoisoned = 7;
+  const std::string model = testing::nan_token_model_path(kPoisoned);
+  testing::ProcessGroup server(std::string(TANDEM_BINARY) + " serve -m " + model + " --port 0 -t 1 --kv-cache-mb 16");
+  std::string line;
+  ASSERT_TRUE(server.wait_for("http://127.0.0.1:", 30'000, &line)) << server.log();
+  const int port = std::stoi(line.substr(line.find("127.0.0.1:") + 10));
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  auto complete = [&](const json& prompt, bool stream) {
+    json body = {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"stream", stream}};
+    return cli.Post("/v1/completions", body.dump(), "application/json");
+  };
+  const std::string why = "the model produced logits that are NaN or infinite";
+  auto poisoned = complete(json::array({5, kPoisoned, 9}), false);
+  ASSERT_TRUE(poisoned) << server.log();
+  EXPECT_EQ(poisoned->status, 500) << poisoned->body;
+  EXPECT_NE(poisoned->body.find(why), std::string::npos) << poisoned->body;
+  auto streamed = complete(json::array({kPoisoned, 11}), true);
+  ASSERT_TRUE(streamed) << server.log();
+  EXPECT_NE(streamed->body.find(why), std::string::npos) << streamed->body;
+  EXPECT_NE(streamed->body.find("data: [DONE]"), std::string::npos) << streamed->body;
+  // The others are served, greedy and whole.
+  auto clean_answer = complete(json::array({5, 9, 11}), false);
+  ASSERT_TRUE(clean_answer) << server.log();
+  EXPECT_EQ(clean_answer->status, 200) << clean_answer->body;
+  EXPECT_EQ(json::parse(clean_answer->body)["usage"]["completion_tokens"], 8) << clean_answer->body;
+  EXPECT_EQ(cli.Get("/health")->status, 200);
+  EXPECT_EQ(testing::metric("127.0.0.1", port, "tandem_nonfinite_logits_total"), 2);
+  EXPECT_EQ(testing::kv_usage_when_drained("127.0.0.1", port), 0);
 }
 
 }  // namespace

@@ -640,10 +640,16 @@ void EngineCore::run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& ste
 
   std::vector<RequestState*> touched;
   std::vector<uint64_t> done;
+  // Requests whose logits were not finite, with the error they end with.
+  std::vector<std::pair<uint64_t, std::string>> failed;
   size_t row = 0;
   for (const ScheduledChunk& c : out.chunks) {
     if (!c.want_logits) continue;
     auto* s = static_cast<SeqState*>(c.seq);
+    if (std::any_of(failed.begin(), failed.end(), [&](const auto& f) { return f.first == s->owner->req.id; })) {
+      ++row;  // (a sibling's row: its request ends already)
+      continue;
+    }
     if (s->owner->req.kv_role == KvRole::kPrefillOnly) {
       // Its whole prompt (less the last token) is computed: the blocks leave
       // the scheduler, held for the transfer.
@@ -652,8 +658,18 @@ void EngineCore::run_step(SchedulerOutput& out, uint64_t step_no, Stopwatch& ste
       done.push_back(s->request_id);
       continue;
     }
-    process_logits(*s, logits_.data() + row * static_cast<size_t>(n_vocab), touched);
+    try {
+      process_logits(*s, logits_.data() + row * static_cast<size_t>(n_vocab), touched);
+    } catch (const NonFiniteLogits& e) {
+      failed.emplace_back(s->owner->req.id, std::string(e.what()) + " (at position " +
+                                                std::to_string(s->tokens.size()) + " of the sequence)");
+    }
     ++row;
+  }
+  for (const auto& [id, error] : failed) {
+    std::erase(touched, requests_.at(id).get());
+    abort_now(id, error);
+    ++metrics_.nonfinite_logits;
   }
   for (RequestState* r : touched) {
     r->touched = false;

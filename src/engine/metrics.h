@@ -83,6 +83,7 @@ struct EngineMetrics {
   std::atomic<int64_t> steps{0};
   std::atomic<int64_t> requests_finished{0};
   std::atomic<int64_t> requests_aborted{0};
+  std::atomic<int64_t> nonfinite_logits{0};  // requests failed for NaN or infinite logits
   std::atomic<int64_t> executor_failures{0};  // steps lost by the executor (tensor-parallel workers)
   std::atomic<int64_t> step_time_ns_total{0};
   std::atomic<int64_t> schedule_time_ns_total{0};

@@ -76,7 +76,10 @@ SampleResult SequenceSampler::sample(std::span<const float> logits) {
   // 1 ms a row, a fifth of a 64-row serving step.
   const double log_z = kernels::log_sum_exp(raw, n_vocab);
   // A NaN anywhere, or an infinite logit, propagates here.
-  TANDEM_ASSERT(std::isfinite(log_z), "logits are not finite");
+  if (!std::isfinite(log_z))
+    throw NonFiniteLogits(
+        "the model produced logits that are NaN or infinite: its weights hold NaN or Inf values, or its activations "
+        "overflowed (some models overflow in F16 but not in BF16 or F32: try the file in another type)");
   auto raw_logprob = [&](int64_t token) { return static_cast<float>(raw[token] - log_z); };
 
   // The k best by raw logit, kept sorted in a small array: O(V) for k <= 20,

@@ -12,8 +12,18 @@
 #include <vector>
 
 #include "engine/sampling_params.h"
+#include "util/error.h"
 
 namespace tandem {
+
+// Logits with a NaN or an infinity: the model's output, so a property of
+// the weights a user brought (NaN or Inf in a tensor, or activations that
+// overflow, as some models do in F16), not of tandem's logic. The request
+// fails with the message; the server goes on.
+class NonFiniteLogits : public Error {
+ public:
+  using Error::Error;
+};
 
 struct TokenLogprob {
   int32_t token = 0;
@@ -33,7 +43,8 @@ class SequenceSampler {
   // `seed` is the stream of this sequence (see derive_seed).
   SequenceSampler(const SamplingParams& params, uint64_t seed, std::span<const int32_t> prompt);
 
-  // Samples from `logits` (n_vocab raw values; not modified).
+  // Samples from `logits` (n_vocab raw values; not modified). Throws
+  // NonFiniteLogits when one of them is NaN or infinite.
   SampleResult sample(std::span<const float> logits);
   // Records a token as part of the output (for the penalties).
   void accept(int32_t token);

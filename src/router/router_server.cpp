@@ -23,6 +23,17 @@ using server::ApiError;
 
 namespace {
 
+// "WHO answered HTTP STATUS", with the message of the OpenAI error in its
+// body when there is one (what the client needs to know is in there).
+std::string answered(const std::string& who, int status, const std::string& body) {
+  std::string what = who + " answered HTTP " + std::to_string(status);
+  const json j = json::parse(body, nullptr, false);
+  if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
+      j["error"]["message"].is_string())
+    what += ": " + j["error"]["message"].get<std::string>();
+  return what;
+}
+
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(server::dump_body(body), "application/json");
@@ -631,8 +642,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
           finish(kEndFailed);
           return send_error(res, server::engine_unavailable(cut_off_why));
         }
-        last_error = status > 0 ? "the prefill instance (node " + std::to_string(prefill.node) + ") answered HTTP " +
-                                      std::to_string(status)
+        last_error = status > 0 ? answered("the prefill instance (node " + std::to_string(prefill.node) + ")", status, answer)
                      : status == 0 ? "the prefill instance (node " + std::to_string(prefill.node) + ") did not answer"
                                    : prefill_leg->error();
         // (No abort goes to an instance evicted for silence: it would wait
@@ -677,8 +687,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
         res.set_content(text, "application/json");
         return;
       }
-      last_error = status > 0 ? "the decode instance (node " + std::to_string(decode.node) + ") answered HTTP " +
-                                    std::to_string(status)
+      last_error = status > 0 ? answered("the decode instance (node " + std::to_string(decode.node) + ")", status, text)
                               : up->error();
       finish(kEndRetried);
       avoid_decode.push_back(decode.node);

@@ -70,6 +70,7 @@ struct Job {
   uint64_t id = 0;
   std::shared_ptr<RequestChannel> channel;
   std::shared_ptr<void> dp_hold;  // the data-parallel front's count of this request (DpPlacement)
+  int error_status = 0;           // the HTTP status of the error the request ended with, if it did
 
   struct Seq {
     std::string text;
@@ -498,6 +499,7 @@ void HttpServer::install_routes() {
           // The request failed after the response began (a P/D transfer that
           // broke): the client gets the error in the body, never a silent end.
           const ApiError e = internal_error(out->error);
+          job->error_status = e.status;
           std::string tail = job->stream ? sse_event(e.to_json()) + std::string(kSseDone) : dump_body(e.to_json());
           sink.write(tail.data(), tail.size());
           sink.done();
@@ -553,16 +555,34 @@ void HttpServer::install_routes() {
         return true;
       }
     };
-    res.set_chunked_content_provider(
-        job->stream ? "text/event-stream" : "application/json",
-        [relay](size_t, httplib::DataSink& sink) { return relay(sink); },
-        [this, job](bool success) {
-          // Runs once the response is over, whether it completed or the
-          // client left: an abort of a finished request is a no-op.
-          if (!success) job->abort();
-          job->dp_hold.reset();
-          --in_flight_;
-        });
+    // Runs once the response is over, whether it completed or the client
+    // left: an abort of a finished request is a no-op.
+    auto release = [this, job](bool success) {
+      if (!success) job->abort();
+      job->dp_hold.reset();
+      --in_flight_;
+    };
+    // A non-streamed request that ends within the first keep-alive period
+    // is answered whole, with the status of its outcome: an engine error is
+    // a 500, not a 200 whose body is the error, as it must be once the
+    // keep-alive spaces have committed the headers.
+    if (!job->stream && job->channel->wait_finished(std::chrono::milliseconds(config_.keepalive_ms))) {
+      std::string body;
+      httplib::DataSink buffer;
+      buffer.write = [&body](const char* data, size_t n) {
+        body.append(data, n);
+        return true;
+      };
+      buffer.done = [] {};
+      buffer.is_writable = [] { return true; };
+      relay(buffer);
+      release(true);
+      res.status = job->error_status != 0 ? job->error_status : 200;
+      res.set_content(body, "application/json");
+      return;
+    }
+    res.set_chunked_content_provider(job->stream ? "text/event-stream" : "application/json",
+                                     [relay](size_t, httplib::DataSink& sink) { return relay(sink); }, release);
   };
   s.Post("/v1/completions", [generate](const httplib::Request& req, httplib::Response& res) { generate(req, res, false); });
   s.Post("/v1/chat/completions", [generate](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); });

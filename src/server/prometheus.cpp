@@ -85,6 +85,8 @@ std::string render_prometheus(const EngineMetrics& m, const std::string& model, 
   counter("tandem_engine_steps_total", "Engine steps run", static_cast<double>(m.steps.load()));
   counter("tandem_request_success_total", "Requests finished", static_cast<double>(m.requests_finished.load()));
   counter("tandem_request_aborted_total", "Requests aborted", static_cast<double>(m.requests_aborted.load()));
+  counter("tandem_nonfinite_logits_total", "Requests failed because the model produced NaN or infinite logits",
+          static_cast<double>(m.nonfinite_logits.load()));
   counter("tandem_engine_step_seconds_total", "Time spent in engine steps",
           static_cast<double>(m.step_time_ns_total.load()) * 1e-9);
   counter("tandem_scheduler_seconds_total", "Time spent scheduling",

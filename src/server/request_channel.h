@@ -24,6 +24,13 @@ class RequestChannel {
     cv_.notify_one();
   }
 
+  // Whether the request's last output (finished) is queued, waiting up to
+  // `timeout` for it; nothing is taken.
+  bool wait_finished(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return !queue_.empty() && queue_.back().finished; });
+  }
+
   // The next output, or nullopt when none arrived within `timeout`.
   std::optional<RequestOutput> pop(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
