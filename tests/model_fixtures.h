@@ -34,21 +34,28 @@ inline std::string tiny_model_path(const std::string& arch, kernels::DType dtype
   return path;
 }
 
-// A copy of the tiny llama f16 model whose embedding row of `token` holds a
-// NaN: the logits of any prompt with that token are NaN, as a damaged file,
-// or one whose activations overflow, gives; other prompts are untouched.
-inline std::string nan_token_model_path(int32_t token) {
-  const std::string clean = tiny_model_path("llama", kernels::DType::kF16);
-  const std::string path = (process_scratch_dir() / ("tiny-llama-nan-token-" + std::to_string(token) + ".gguf")).string();
+// A copy of the tiny llama model of `dtype` (f16 or q8_0) whose embedding
+// row of `token` holds an infinity (f16: its first element; q8_0: its first
+// block's scale), as an activation that overflows f16 does: the norms turn
+// it into a NaN among finite values, so the logits of any prompt with that
+// token are NaN, or finite garbage where a quantization hides the NaN;
+// other prompts are untouched.
+inline std::string infinite_token_model_path(int32_t token, kernels::DType dtype = kernels::DType::kF16) {
+  const std::string clean = tiny_model_path("llama", dtype);
+  const std::string path = (process_scratch_dir() / ("tiny-llama-" + std::string(kernels::dtype_name(dtype)) +
+                                                     "-inf-token-" + std::to_string(token) + ".gguf"))
+                               .string();
   std::filesystem::copy_file(clean, path, std::filesystem::copy_options::overwrite_existing);
   const gguf::File f = gguf::File::open(clean);
   const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
-  if (embd.type != gguf::TensorType::F16) throw std::runtime_error("the tiny model's embeddings are not F16");
-  const uint64_t at = f.data_offset() + embd.offset + static_cast<uint64_t>(token) * embd.dims[0] * 2;
+  if (embd.type != gguf::TensorType::F16 && embd.type != gguf::TensorType::Q8_0)
+    throw std::runtime_error("the tiny model's embeddings are neither f16 nor q8_0");
+  // Both types start a row with an f16: its first element, its first block's scale.
+  const uint64_t at = f.data_offset() + embd.offset + static_cast<uint64_t>(token) * (embd.n_bytes / embd.dims[1]);
   std::FILE* out = std::fopen(path.c_str(), "r+b");
-  const uint16_t nan = 0x7e00;  // an F16 quiet NaN
+  const uint16_t inf = 0x7c00;  // f16 +infinity
   const bool written = out != nullptr && std::fseek(out, static_cast<long>(at), SEEK_SET) == 0 &&
-                       std::fwrite(&nan, sizeof nan, 1, out) == 1;
+                       std::fwrite(&inf, sizeof inf, 1, out) == 1;
   if (out != nullptr) std::fclose(out);
   if (!written) throw std::runtime_error("could not write " + path);
   return path;

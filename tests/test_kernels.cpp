@@ -823,11 +823,15 @@ TEST(Kernels, RmsNormQ8_0EqualsNormThenQuantize) {
 // random rows, a zero block, a block of one value, ties at half a step, and
 // the largest magnitudes.
 TEST(Kernels, QuantizeQ8EqualsReferenceInEveryVariant) {
-  const int64_t n = 32 * 12;
+  const int64_t n = 32 * 14;
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-3, 3);
   std::vector<float> x(static_cast<size_t>(n));
   for (auto& f : x) f = u(rng);
+  // A NaN and an infinity, each in a block of its own (the blocks after the
+  // 12 of finite values): d = NaN, no quant.
+  x[static_cast<size_t>(32 * 12 + 5)] = std::numeric_limits<float>::quiet_NaN();
+  x[static_cast<size_t>(32 * 13 + 31)] = -std::numeric_limits<float>::infinity();
   std::fill_n(x.begin() + 32, 32, 0.0f);
   std::fill_n(x.begin() + 64, 32, -1.25f);
   // amax 127: d = 1, so these quants are exact ties (k + 0.5) that round to even.
@@ -838,6 +842,12 @@ TEST(Kernels, QuantizeQ8EqualsReferenceInEveryVariant) {
   std::vector<int32_t> want_sums(want.size());
   quantize_q8_reference(x.data(), want.data(), want_sums.data(), n);
   EXPECT_EQ(want[1].d, 0.0f);
+  for (int64_t b : {12, 13}) {
+    EXPECT_TRUE(std::isnan(want[b].d)) << b;
+    EXPECT_TRUE(std::all_of(want[b].qs, want[b].qs + 32, [](int8_t q) { return q == 0; })) << b;
+    EXPECT_EQ(want_sums[b], 0) << b;
+  }
+  EXPECT_TRUE(std::isfinite(want[11].d));
   for (Isa isa : supported_isas()) {
     SCOPED_TRACE(isa_name(isa));
     std::vector<BlockQ8_0Act> got(want.size());

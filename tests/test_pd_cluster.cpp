@@ -1020,12 +1020,12 @@ TEST(PdClusterFailures, ARequestOnAPrefillThatGoesSilentIsGivenUpWhenItIsEvicted
 }
 
 // The decode samples a P/D request's first token: logits that are NaN there
-// (a file with a NaN in one token's embedding) fail that request with the
+// (a file with an infinity in one token's embedding) fail that request with the
 // decode's reason passed on by the router (it used to abort the decode),
 // and the cluster serves the others.
 TEST(PdClusterFailures, NonFiniteLogitsFailTheirRequestWithTheReasonAndTheClusterGoesOn) {
   constexpr int kPoisoned = 7;
-  Cluster c(1, 1, "write", "", 16, "llama", testing::nan_token_model_path(kPoisoned));
+  Cluster c(1, 1, "write", "", 16, "llama", testing::infinite_token_model_path(kPoisoned));
   ASSERT_TRUE(c.ready()) << c.group->log();
   const std::string why = "the model produced logits that are NaN or infinite";
   json poisoned_prompt = {{"prompt", json::array({5, kPoisoned, 9})}, {"max_tokens", 8}, {"temperature", 0}};

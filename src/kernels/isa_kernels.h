@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "kernels/attention.h"
 #include "kernels/dtype.h"
@@ -175,8 +176,18 @@ using DeltaRuleFn = void (*)(float* state, int64_t s, const float* k, const floa
 using NarrowFn = void (*)(DType t, const float* x, uint8_t* out, int64_t n);
 // n activations (a multiple of 32) to q8_0 blocks, and each block's sum of
 // quants when sums is not null. Every variant gives quantize_q8_reference's bytes.
+// A block with a NaN or an infinity is all zero quants with d = NaN, so
+// that every product with it is NaN and the model's output shows it (the
+// conversions would otherwise turn such a value into a finite quant, and the
+// model's logits into finite garbage).
 using QuantizeQ8Fn = void (*)(const float* x, BlockQ8_0Act* out, int32_t* sums, int64_t n);
 void quantize_q8_reference(const float* x, BlockQ8_0Act* out, int32_t* sums, int64_t n);
+// That block (sum: its sum of quants, when not null).
+inline void quantize_q8_nonfinite_block(BlockQ8_0Act& out, int32_t* sum) {
+  out.d = std::numeric_limits<float>::quiet_NaN();
+  std::memset(out.qs, 0, sizeof out.qs);
+  if (sum != nullptr) *sum = 0;
+}
 
 struct IsaKernels {
   GemmFn gemm_f32;

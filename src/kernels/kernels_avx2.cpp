@@ -265,13 +265,23 @@ void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile, kP
 // rounding (nearest even, as the reference's 1.5 * 2^23 trick).
 void quantize_q8_avx2(const float* x, BlockQ8_0Act* out, int32_t* sums, int64_t n) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b = 0; b < n / 32; ++b) {
     const float* xb = x + b * 32;
     __m256 v[4];
     for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-                             _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    __m256 a[4];
+    for (int i = 0; i < 4; ++i) a[i] = _mm256_and_ps(v[i], abs_mask);
+    // Not below infinity: an infinity or a NaN.
+    const __m256 bad = _mm256_or_ps(
+        _mm256_or_ps(_mm256_cmp_ps(a[0], inf, _CMP_NLT_UQ), _mm256_cmp_ps(a[1], inf, _CMP_NLT_UQ)),
+        _mm256_or_ps(_mm256_cmp_ps(a[2], inf, _CMP_NLT_UQ), _mm256_cmp_ps(a[3], inf, _CMP_NLT_UQ)));
+    if (_mm256_movemask_ps(bad) != 0) {
+      quantize_q8_nonfinite_block(out[b], sums != nullptr ? &sums[b] : nullptr);
+      continue;
+    }
+    __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));

@@ -494,9 +494,16 @@ void gemm_q8_0(const GemmArgs& a, int64_t b, int64_t e) { gemm_driver<Q8Tile, kQ
 // quantize_q8_reference's blocks, 16 lanes at a time (see quantize_q8_avx2).
 void quantize_q8_avx512(const float* x, BlockQ8_0Act* out, int32_t* sums, int64_t n) {
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   for (int64_t b = 0; b < n / 32; ++b) {
     const __m512 lo = _mm512_loadu_ps(x + b * 32), hi = _mm512_loadu_ps(x + b * 32 + 16);
-    const float d = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, abs_mask), _mm512_and_ps(hi, abs_mask))) / 127.0f;
+    const __m512 abs_lo = _mm512_and_ps(lo, abs_mask), abs_hi = _mm512_and_ps(hi, abs_mask);
+    // Not below infinity: an infinity or a NaN.
+    if ((_mm512_cmp_ps_mask(abs_lo, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(abs_hi, inf, _CMP_NLT_UQ)) != 0) {
+      quantize_q8_nonfinite_block(out[b], sums != nullptr ? &sums[b] : nullptr);
+      continue;
+    }
+    const float d = _mm512_reduce_max_ps(_mm512_max_ps(abs_lo, abs_hi)) / 127.0f;
     const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
     const __m512i q_lo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), q_hi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].qs), _mm512_cvtsepi32_epi8(q_lo));

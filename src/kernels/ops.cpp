@@ -202,9 +202,15 @@ void quantize_q8_reference(const float* x, BlockQ8_0Act* out, int32_t* sums, int
   for (int64_t b = 0; b < n / 32; ++b) {
     const float* xb = x + b * 32;
     float amax = 0.0f;
+    bool finite = true;
     for (int i = 0; i < 32; ++i) {
       const float a = std::fabs(xb[i]);
+      finite &= a <= std::numeric_limits<float>::max();  // (false for NaN too)
       amax = a > amax ? a : amax;
+    }
+    if (!finite) {
+      quantize_q8_nonfinite_block(out[b], sums != nullptr ? &sums[b] : nullptr);
+      continue;
     }
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;

@@ -72,7 +72,9 @@ void quantize_row_q8_0_weights(const float* x, uint8_t* out, int64_t n);
 void round_row_bf16(const float* x, uint16_t* out_bf16, float* out_f32, int64_t n);
 // Quantizes activations for the q8_0 dot product (n a multiple of 32), with
 // each block's sum of quants in sums when it is not null (the block panels'
-// tiles take them). Vectorized per ISA, every ISA giving the same bytes.
+// tiles take them). Vectorized per ISA, every ISA giving the same bytes; a
+// block with a NaN or an infinity gets d = NaN (isa_kernels.h), so the
+// products show it.
 void quantize_row_q8_0(const float* x, BlockQ8_0Act* out, int64_t n, int32_t* sums = nullptr);
 
 }  // namespace tandem::kernels
