@@ -478,12 +478,14 @@ void EngineCore::process_logits(SeqState& s, const float* logits, std::vector<Re
   // The prompt is computed: every sibling samples its first token from these
   // logits, and siblings 1.. fork the block table by reference.
   TANDEM_ASSERT(s.index == 0 && r.seqs.size() == 1);
-  r.forked = true;
-  r.first_token_ns = monotonic_ns();
-  metrics_.ttft_s.observe(static_cast<double>(r.first_token_ns - r.arrival_ns) * 1e-9);
+  // (Sampled first: logits that are not finite throw here, before the
+  // request counts as having its first token.)
   const int32_t best_of = r.req.params.best_of;
   std::vector<SampleResult> firsts;
   for (int32_t i = 0; i < best_of; ++i) firsts.push_back(r.samplers[static_cast<size_t>(i)].sample(row));
+  r.forked = true;
+  r.first_token_ns = monotonic_ns();
+  metrics_.ttft_s.observe(static_cast<double>(r.first_token_ns - r.arrival_ns) * 1e-9);
   for (int32_t i = 1; i < best_of; ++i) {
     auto child = std::make_unique<SeqState>(tokenizer_, r.req.params);
     child->owner = &r;

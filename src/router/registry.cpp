@@ -71,6 +71,11 @@ bool Registry::heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& l
   return true;
 }
 
+bool Registry::contains(pd::NodeId node) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return instances_.count(node) != 0;
+}
+
 std::vector<pd::NodeId> Registry::evict_silent(int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<pd::NodeId> evicted;

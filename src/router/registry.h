@@ -118,6 +118,8 @@ class Registry {
   // False when the node is unknown or the epoch is not the registered one
   // (the instance must register again).
   bool heartbeat(pd::NodeId node, pd::Epoch epoch, const InstanceLoad& load, int64_t now_ms);
+  // Whether `node` is registered (not evicted).
+  bool contains(pd::NodeId node) const;
   // Drops instances silent for eviction_ms; returns their nodes.
   std::vector<pd::NodeId> evict_silent(int64_t now_ms);
   // Among the live instances of `role` not in `avoid` whose free credits hold

@@ -172,11 +172,15 @@ void RouterServer::lose_instances(const std::vector<pd::NodeId>& nodes) {
         // the KV, or reads it under its own deadline and fails the leg.
         if (node != t.decode && (node != t.prefill || t.phase != "prefill")) continue;
         t.lost = node;
-        if (t.stop_calls)
-          stops.emplace_back(t.stop_calls, std::string(node == t.prefill ? "the prefill" : "the decode") +
-                                                " instance (node " + std::to_string(node) + ") went silent: no heartbeat for " +
-                                                std::to_string(registry_.eviction_ms()) +
-                                                " ms (--eviction-ms), so the router dropped it");
+        const std::string why = std::string(node == t.prefill ? "the prefill" : "the decode") + " instance (node " +
+                                std::to_string(node) + ") went silent: no heartbeat for " +
+                                std::to_string(registry_.eviction_ms()) + " ms (--eviction-ms), so the router dropped it";
+        // A lost prefill: its call only (should it have answered already,
+        // the request goes on to its decode, as above; the prefill's failure
+        // path drops the decode leg otherwise). A lost decode: both, since
+        // the attempt is over wherever it is.
+        if (t.stop_prefill_call) stops.emplace_back(t.stop_prefill_call, why);
+        if (node == t.decode && t.stop_decode_call) stops.emplace_back(t.stop_decode_call, why);
         break;
       }
     }
@@ -564,17 +568,26 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
       t.decode = decode.node;
       t.started_ms = monotonic_ms();
       t.phase = "prefill";
-      t.stop_calls = [decode_call = std::weak_ptr<server::Upstream>(up),
-                      prefill_call = std::weak_ptr<server::Upstream>(prefill_leg)](const std::string& why) {
-        for (const auto& call : {decode_call, prefill_call})
+      auto stopper = [](std::weak_ptr<server::Upstream> call) {
+        return [call = std::move(call)](const std::string& why) {
           if (auto u = call.lock()) u->stop(why);
+        };
       };
-      t.cut = [this, stop = t.stop_calls, prefill_at = prefill, decode_at = decode, transfer](const std::string& why) {
-        stop(why);
+      t.stop_prefill_call = stopper(prefill_leg);
+      t.stop_decode_call = stopper(up);
+      t.cut = [this, stop_prefill = t.stop_prefill_call, stop_decode = t.stop_decode_call, prefill_at = prefill,
+               decode_at = decode, transfer](const std::string& why) {
+        stop_decode(why);
+        stop_prefill(why);
         abort_leg(prefill_at, transfer);
         abort_leg(decode_at, transfer);
       };
     }
+    // An instance of the pair evicted between the pick and the entry above
+    // was not seen by lose_instances: it is lost now (one evicted later
+    // finds the entry).
+    for (pd::NodeId node : {prefill.node, decode.node})
+      if (!registry_.contains(node)) lose_instances({node});
     const bool parallel = prefill.mode == pd::TransferMode::kWrite;
     bool decode_leg_started = false;
     auto start_decode_leg = [&] {
@@ -642,7 +655,8 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
           finish(kEndFailed);
           return send_error(res, server::engine_unavailable(cut_off_why));
         }
-        last_error = status > 0 ? answered("the prefill instance (node " + std::to_string(prefill.node) + ")", status, answer)
+        last_error = !prefill_leg->error().empty() ? prefill_leg->error()
+                     : status > 0 ? answered("the prefill instance (node " + std::to_string(prefill.node) + ")", status, answer)
                      : status == 0 ? "the prefill instance (node " + std::to_string(prefill.node) + ") did not answer"
                                    : prefill_leg->error();
         // (No abort goes to an instance evicted for silence: it would wait

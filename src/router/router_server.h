@@ -96,8 +96,9 @@ class RouterServer {
     pd::NodeId decode = 0;
     int64_t started_ms = 0;
     std::string phase;
-    // Stops both legs' calls, each ending with `why` as its error.
-    std::function<void(const std::string& why)> stop_calls;
+    // Stop the prefill leg's call, the decode leg's, each ending with `why`
+    // as its error.
+    std::function<void(const std::string& why)> stop_prefill_call, stop_decode_call;
     // Stops them and aborts both legs (cut_off).
     std::function<void(const std::string& why)> cut;
     // The instance of its pair that was evicted for silence while it ran,
