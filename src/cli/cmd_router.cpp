@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "router/router_server.h"
+#include "server/shutdown_drain.h"
 #include "util/error.h"
 
 namespace tandem::cli {
@@ -54,20 +55,9 @@ void add_router(CLI::App& app) {
       sigwait(&signals, &sig);
       std::fprintf(stderr, "tandem router: signal %d: draining (up to %d s)\n", sig, c->shutdown_timeout_s);
       server.begin_drain();
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(c->shutdown_timeout_s);
-      while (server.in_flight() > 0 && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      if (const int64_t left = server.in_flight(); left > 0) {
-        std::fprintf(stderr, "tandem router: %lld requests still in flight at the shutdown timeout; they are cut off\n",
-                     static_cast<long long>(left));
-        // Each ends with an error its client sees, and both of its legs end
-        // (httplib's stop waits for the responses under way).
-        server.cut_off("the router shut down before this request finished (--shutdown-timeout " +
-                       std::to_string(c->shutdown_timeout_s) + " s)");
-        const auto cut_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        while (server.in_flight() > 0 && std::chrono::steady_clock::now() < cut_deadline)
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
+      tandem::server::drain_then_cut_off(
+          "tandem router", "router", c->shutdown_timeout_s, [&] { return server.in_flight(); },
+          [&](const std::string& why) { server.cut_off(why); });
       server.stop();
     });
     server.serve();

@@ -21,6 +21,7 @@
 #include "cli/tensor_parallel.h"
 #include "engine/engine_core.h"
 #include "server/http_server.h"
+#include "server/shutdown_drain.h"
 #include "util/error.h"
 
 namespace tandem::cli {
@@ -239,23 +240,13 @@ void run_serve(ServeArgs& a) {
     if (pd_instance) pd_instance->begin_drain();
     // This server's own requests, and on a data-parallel front those it
     // relays to other ranks.
-    const auto in_flight = [&] { return http.in_flight() + (front ? front->relayed_in_flight() : 0); };
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.shutdown_timeout_s);
-    while (in_flight() > 0 && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (const int64_t left = in_flight(); left > 0) {
-      std::fprintf(stderr, "tandem: %lld requests still in flight at the shutdown timeout; they are cut off\n",
-                   static_cast<long long>(left));
-      // Each ends with an error its client sees, then the server stops
-      // (httplib's stop waits for the responses under way).
-      const std::string why = "the server shut down before this request finished (--shutdown-timeout " +
-                              std::to_string(a.shutdown_timeout_s) + " s)";
-      http.cut_off(why);
-      if (front) front->cut_off_relays(why);
-      const auto cut_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (in_flight() > 0 && std::chrono::steady_clock::now() < cut_deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    server::drain_then_cut_off(
+        "tandem", "server", a.shutdown_timeout_s,
+        [&] { return http.in_flight() + (front ? front->relayed_in_flight() : 0); },
+        [&](const std::string& why) {
+          http.cut_off(why);
+          if (front) front->cut_off_relays(why);
+        });
     http.stop();
   });
   std::thread serve_thread([&] { http.serve(); });
