@@ -188,6 +188,11 @@ void RouterServer::lose_instances(const std::vector<pd::NodeId>& nodes) {
   for (const auto& [stop, why] : stops) stop(why);
 }
 
+std::string RouterServer::cut_off_reason() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cut_off_why_;
+}
+
 std::optional<pd::NodeId> RouterServer::lost_node(pd::TransferId transfer) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = transfers_.find(transfer);
@@ -515,13 +520,10 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
   std::string last_error;
   int attempts = 0;
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
-    {
-      // Cut off (a shutdown) between attempts: no other pair is tried.
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!cut_off_why_.empty()) {
-        ++counters_.failed;
-        return send_error(res, server::engine_unavailable(cut_off_why_));
-      }
+    // Cut off (a shutdown) between attempts: no other pair is tried.
+    if (const std::string why = cut_off_reason(); !why.empty()) {
+      ++counters_.failed;
+      return send_error(res, server::engine_unavailable(why));
     }
     ApiError refusal;
     auto pair = pick_pair(shape, avoid_prefill, avoid_decode, credit_deadline_ms, &refusal);
@@ -532,6 +534,8 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
     ++attempts;
     const InstanceInfo& prefill = pair->prefill;
     const InstanceInfo& decode = pair->decode;
+    const std::string prefill_who = "the prefill instance (node " + std::to_string(prefill.node) + ")";
+    const std::string decode_who = "the decode instance (node " + std::to_string(decode.node) + ")";
     const pd::TransferId transfer = mint();
     ++in_flight_;
     auto credits =
@@ -597,7 +601,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
       call.port = decode.api_port;
       call.path = path;
       call.body = leg_body(body, kp, prefill).dump();
-      call.who = "the decode instance (node " + std::to_string(decode.node) + ")";
+      call.who = decode_who;
       call.connect_timeout_ms = config_.upstream_connect_timeout_ms;
       call.read_timeout_s = config_.request_timeout_ms / 1000;
       // The first choice out of the decode: the KV it needed has moved, so
@@ -628,7 +632,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
       call.port = prefill.api_port;
       call.path = path;
       call.body = prefill_body.dump();
-      call.who = "the prefill instance (node " + std::to_string(prefill.node) + ")";
+      call.who = prefill_who;
       call.connect_timeout_ms = config_.upstream_connect_timeout_ms;
       call.read_timeout_s = kPrefillReadTimeoutS;
       prefill_leg->start(std::move(call));
@@ -646,19 +650,14 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
       }
       if (status != 200 || !prefill_leg->error().empty()) {
         prefill_leg->stop();
-        std::string cut_off_why;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          cut_off_why = cut_off_why_;
-        }
-        if (!cut_off_why.empty()) {  // (the cut has aborted both legs)
+        if (const std::string why = cut_off_reason(); !why.empty()) {  // (the cut has aborted both legs)
           finish(kEndFailed);
-          return send_error(res, server::engine_unavailable(cut_off_why));
+          return send_error(res, server::engine_unavailable(why));
         }
-        last_error = !prefill_leg->error().empty() ? prefill_leg->error()
-                     : status > 0 ? answered("the prefill instance (node " + std::to_string(prefill.node) + ")", status, answer)
-                     : status == 0 ? "the prefill instance (node " + std::to_string(prefill.node) + ") did not answer"
-                                   : prefill_leg->error();
+        // (A call that failed, or was stopped, has its error; one that
+        // answered with an error status, the instance's message.)
+        const std::string error = prefill_leg->error();
+        last_error = !error.empty() ? error : status > 0 ? answered(prefill_who, status, answer) : prefill_who + " did not answer";
         // (No abort goes to an instance evicted for silence: it would wait
         // out its timeout, and the instance drops the request itself when
         // it finds the router's connection gone.)
@@ -701,8 +700,7 @@ void RouterServer::generate(const httplib::Request& req, httplib::Response& res,
         res.set_content(text, "application/json");
         return;
       }
-      last_error = status > 0 ? answered("the decode instance (node " + std::to_string(decode.node) + ")", status, text)
-                              : up->error();
+      last_error = status > 0 ? answered(decode_who, status, text) : up->error();
       finish(kEndRetried);
       avoid_decode.push_back(decode.node);
       continue;

@@ -110,6 +110,8 @@ class RouterServer {
   // is tried on another pair, a stream ends with the error (a client is
   // never left waiting out its request timeout on a wedged instance).
   void lose_instances(const std::vector<pd::NodeId>& nodes);
+  // cut_off()'s reason, empty until it was called.
+  std::string cut_off_reason();
   // The node of `transfer`'s pair that was evicted while it ran, if one was.
   std::optional<pd::NodeId> lost_node(pd::TransferId transfer);
   void install_routes();
