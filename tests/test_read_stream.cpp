@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <random>
+#include <string>
 
 #include "kernels/isa.h"
 #include "kernels/memory_bandwidth.h"
@@ -24,9 +25,11 @@ TEST(ReadStream, EveryLoopSumsEveryByteAsTheScalarLoopDoes) {
   EXPECT_NE(want, read_stream_scalar(buf, kBytes - 512)) << "the last 512 bytes count";
   if (isa_supported(Isa::kAvx2)) {
     EXPECT_EQ(read_stream_avx2(buf, kBytes), want);
+    EXPECT_EQ(read_stream_avx2_l2_prefetch(buf, kBytes), want);
   }
   if (isa_supported(Isa::kAvx512)) {
     EXPECT_EQ(read_stream_avx512(buf, kBytes), want);
+    EXPECT_EQ(read_stream_avx512_l2_prefetch(buf, kBytes), want);
   }
   std::free(buf);
 }
@@ -41,6 +44,9 @@ TEST(ReadStream, TheProbeReportsEveryPassAndItsSpread) {
   EXPECT_LE(b.worst_bps, b.median_bps);
   EXPECT_LE(b.median_bps, b.best_bps);
   EXPECT_STRNE(b.loop, "");
+  if (isa_supported(Isa::kAvx2)) {
+    EXPECT_NE(std::string(b.loop).find(isa_supported(Isa::kAvx512) ? "avx512" : "avx2"), std::string::npos) << b.loop;
+  }
 }
 
 }  // namespace
