@@ -50,18 +50,18 @@ constexpr int64_t kQ8PrefetchLines = 32;
 // prefetcher leads were measured too: 0.61-0.74 of this on the same host.
 constexpr int64_t kPanelPrefetchBytes = 2048;
 
-// The block panels' decode tiles of one group (one stream per thread)
-// fetch it this far ahead; tiles of several (q8_0's four) fetch each
-// kBlockPanelStreamPrefetchBytes ahead. A stream of cold matmuls of 1024 columns on 2 threads,
-// 10 alternating rounds, against 4096 bytes: 1024 rows, q4_0 1.033, q8_0
-// 0.982, q4_K 1.041, q5_K 1.087, q6_K 1.068 (8192: 1.025, 1.000, 1.028,
-// 1.059, 1.034); 2816 rows at 8192: 0.966-1.090 against 4096. (With four
-// streams a thread the distance was 2 KB, 4 KB for q6_K, whose tile reads
-// a block's scales in its first quarter.) With the prefetch into L2
-// (prefetch_ahead), on a 2-core Intel Xeon VM, small Q4_K_M and Q4_0 tg64
-// against 6144, 3 alternating rounds: 1024 bytes 0.71 / 0.72, 2048 0.81 /
-// 0.82, 3072 0.91 / 0.92, 8192 1.04 / 0.97, 12288 0.98 / 0.98, 16384 1.02
-// / 0.99.
+// The block panels' decode tiles of one group (one stream per thread: a
+// thread's last groups short of kBlockPanelDecodeGroups) fetch it this far
+// ahead; tiles of several fetch each kBlockPanelStreamPrefetchBytes ahead.
+// A stream of cold matmuls of 1024 columns on 2 threads, with the prefetch
+// into L1, 10 alternating rounds, against 4096 bytes: 1024 rows, q4_0
+// 1.033, q8_0 0.982, q4_K 1.041, q5_K 1.087, q6_K 1.068 (8192: 1.025,
+// 1.000, 1.028, 1.059, 1.034); 2816 rows at 8192: 0.966-1.090 against
+// 4096. With the prefetch into L2, on a 2-core Intel Xeon VM, decode tiles
+// of one group, small Q4_K_M / Q4_0 tg64 against 6144, 3 alternating
+// rounds: 1024 bytes 0.71 / 0.72, 2048 0.81 / 0.82, 3072 0.91 / 0.92, 8192
+// 1.04 / 0.97, 12288 0.98 / 0.98, 16384 1.02 / 0.99. (Tiles of four
+// streams: 2 KB ahead each; 4 KB measured 1.003 on Q4_K_M.)
 constexpr int64_t kBlockPanelPrefetchBytes = 6144;
 constexpr int64_t kBlockPanelStreamPrefetchBytes = 2048;
 
@@ -1258,19 +1258,20 @@ struct LegacyPanelTile {
 };
 
 // Block panels: prompt tiles of 1 group x 8 tokens (8 int32 and 8 float
-// accumulators); decode tiles of 1 group, so that a thread reads its share
-// front to back as one stream, which the hardware prefetcher follows (the
-// groups lie one after another). Against tiles of 4 groups (four streams a
-// thread, 2 KB ahead each), a stream of cold matmuls of 1024 columns on 2
-// threads, 10 alternating rounds on a host whose other tenants held part
-// of the bandwidth: 1024 rows (one stream 4 KB ahead), q4_0 1.22, q4_K
-// 1.49, q5_K 1.78, q6_K 1.66, q8_0 0.89; 2816 rows (2 KB ahead), q4_0
-// 1.25, q8_0 1.07, q4_K 1.58, q5_K 1.56, q6_K 1.89. In the small models'
-// decode (bench/decode_ab.py, 4-5 rounds): Q4_K_M 1.305, Q4_0 1.086, Q6_K
-// 1.209, Q5_K_M 1.019, but Q8_0 0.821 (0.907 without software prefetch),
-// so q8_0 keeps tiles of 4 groups (block_panel_decode_groups).
+// accumulators); decode tiles of 4 groups, four memory streams a thread,
+// each fetched kBlockPanelStreamPrefetchBytes ahead into L2. With the
+// prefetch into L1, on the AMD EPYC VM, tiles of 1 group (one stream a
+// thread, which the hardware prefetcher follows, 6 KB ahead) decoded the
+// small Q4_K_M 1.31x, Q4_0 1.09x, Q6_K 1.21x as fast as 4 groups, but Q8_0
+// 0.82x, so only q8_0 kept 4 groups. With the prefetch into L2
+// (prefetch_ahead), on a 2-core Intel Xeon VM, small tg64 against 1 group,
+// alternating rounds: Q4_K_M 1.076 (6 rounds; 2 groups 0.914, 8 groups
+// 1.04 of 4 with 2 KB, 4 KB ahead 1.003), Q4_0 1.103 (4 rounds). (Not
+// re-measured on the AMD VM with the prefetch into L2.) A thread's last
+// groups short of four go in tiles of one (kBlockPanelPrefetchBytes ahead).
+constexpr int kBlockPanelDecodeGroups = 4;
 template <DType kType>
-constexpr PanelPlan kBlockPanelPlan{1, 8, block_panel_decode_groups(kType), 128};
+constexpr PanelPlan kBlockPanelPlan{1, 8, kBlockPanelDecodeGroups, 128};
 
 // A block type's matmul: its panel tile where the weights are in panels,
 // else ChunkGemm (the chunk-group and plain-row tiles). q8_0's panels, for

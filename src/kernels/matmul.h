@@ -58,10 +58,6 @@ InterleavedLayout interleaved_layout(DType t, Isa isa = active_isa());
 // Whether type t has a panel layout among the block types (q8_0, the 32-element
 // types, the K types: every block type).
 bool has_block_panels(DType t);
-// How many groups of 16 rows the AVX-512 decode tile of block panels of
-// type t reads side by side, one memory stream each (kernels_avx512.cpp:
-// one, but q8_0, which decoded 10-20 % slower from one stream a thread).
-constexpr int block_panel_decode_groups(DType t) { return t == DType::kQ8_0 ? 4 : 1; }
 // Whether a matrix of type t in groups of `group` rows is in panels.
 bool is_panel_layout(DType t, int64_t group);
 
