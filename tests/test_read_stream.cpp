@@ -24,12 +24,10 @@ TEST(ReadStream, EveryLoopSumsEveryByteAsTheScalarLoopDoes) {
   const uint64_t want = read_stream_scalar(buf, kBytes);
   EXPECT_NE(want, read_stream_scalar(buf, kBytes - 512)) << "the last 512 bytes count";
   if (isa_supported(Isa::kAvx2)) {
-    EXPECT_EQ(read_stream_avx2(buf, kBytes), want);
-    EXPECT_EQ(read_stream_avx2_l2_prefetch(buf, kBytes), want);
+    for (const ReadLoop& l : read_loops_avx2()) EXPECT_EQ(l.read(buf, kBytes), want) << l.name;
   }
   if (isa_supported(Isa::kAvx512)) {
-    EXPECT_EQ(read_stream_avx512(buf, kBytes), want);
-    EXPECT_EQ(read_stream_avx512_l2_prefetch(buf, kBytes), want);
+    for (const ReadLoop& l : read_loops_avx512()) EXPECT_EQ(l.read(buf, kBytes), want) << l.name;
   }
   std::free(buf);
 }

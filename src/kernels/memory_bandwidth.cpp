@@ -37,16 +37,14 @@ size_t slice_for(size_t size_bytes, int threads) {
 
 ReadProbe::ReadProbe(ThreadPool& pool, size_t size_bytes)
     : pool_(pool), slice_bytes_(slice_for(size_bytes, pool.size())), buf_(slice_bytes_ * static_cast<size_t>(pool.size())) {
-  loops_[0] = {read_stream_scalar, "scalar"};
+  std::span<const ReadLoop> loops;
   if (isa_supported(Isa::kAvx512)) {
-    loops_[0] = {read_stream_avx512, "avx512"};
-    loops_[1] = {read_stream_avx512_l2_prefetch, "avx512 + L2 prefetch"};
-    n_loops_ = 2;
+    loops = read_loops_avx512();
   } else if (isa_supported(Isa::kAvx2)) {
-    loops_[0] = {read_stream_avx2, "avx2"};
-    loops_[1] = {read_stream_avx2_l2_prefetch, "avx2 + L2 prefetch"};
-    n_loops_ = 2;
+    loops = read_loops_avx2();
   }
+  for (const ReadLoop& l : loops) loops_.push_back({l});
+  if (loops_.empty()) loops_.push_back({{read_stream_scalar, "scalar"}});
   // Each thread touches (so faults in, on its own node) the slice it reads.
   pool_.run([&](int t, int) {
     uint8_t* p = buf_.data() + static_cast<size_t>(t) * slice_bytes_;
@@ -54,7 +52,7 @@ ReadProbe::ReadProbe(ThreadPool& pool, size_t size_bytes)
   });
 }
 
-double ReadProbe::read_bps(const Loop& loop) {
+double ReadProbe::read_bps(const ReadLoop& loop) {
   std::atomic<uint64_t> sum{0};
   Stopwatch sw;
   pool_.run([&](int t, int) {
@@ -67,11 +65,11 @@ double ReadProbe::read_bps(const Loop& loop) {
 
 double ReadProbe::pass_bps() {
   double best = 0;
-  for (size_t i = 0; i < n_loops_; ++i) {
-    Loop& loop = loops_[i];
-    const double bps = read_bps(loop);
-    loop.best_bps = std::max(loop.best_bps, bps);
-    if (loop.best_bps > loops_[best_loop_].best_bps) best_loop_ = i;
+  for (size_t i = 0; i < loops_.size(); ++i) {
+    Loop& l = loops_[i];
+    const double bps = read_bps(l.loop);
+    l.best_bps = std::max(l.best_bps, bps);
+    if (l.best_bps > loops_[best_loop_].best_bps) best_loop_ = i;
     best = std::max(best, bps);
   }
   return best;

@@ -2,11 +2,11 @@
 // batch-1 decode (which reads every weight once per token).
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/read_stream.h"
 #include "util/anonymous_memory.h"
 
 namespace tandem {
@@ -26,34 +26,32 @@ struct ReadBandwidth {
 
 // A buffer of about `size_bytes` (much larger than the caches; transparent
 // huge pages asked for; each thread's slice first touched by that thread),
-// read a pass at a time: every pool thread reads one contiguous slice with the
-// widest loops the CPU has (eight independent 64-byte streams into eight
-// accumulators, with and without a prefetch into L2 ahead: read_stream.h),
-// as a tuned streaming kernel reads. Kept between passes so that a bench can
+// read a pass at a time: every pool thread reads one contiguous slice with
+// each loop of the widest ISA the CPU has (eight accumulators; one stream or
+// several, with and without a prefetch into L2 ahead: read_stream.h), as a
+// tuned streaming kernel reads. Kept between passes so that a bench can
 // interleave passes with the runs it judges against them.
 class ReadProbe {
  public:
   ReadProbe(ThreadPool& pool, size_t size_bytes);
   // One pass, bytes per second: the buffer read once with each loop, the
-  // faster read counted.
+  // fastest read counted.
   double pass_bps();
   size_t size_bytes() const { return buf_.size(); }
   // The loop that has read fastest so far.
-  const char* loop() const { return loops_[best_loop_].name; }
+  const char* loop() const { return loops_[best_loop_].loop.name; }
 
  private:
   struct Loop {
-    uint64_t (*read)(const uint8_t*, size_t) = nullptr;
-    const char* name = "";
+    ReadLoop loop;
     double best_bps = 0;
   };
-  double read_bps(const Loop& loop);
+  double read_bps(const ReadLoop& loop);
 
   ThreadPool& pool_;
   size_t slice_bytes_;
   AnonymousMemory buf_;
-  std::array<Loop, 2> loops_;
-  size_t n_loops_ = 1;
+  std::vector<Loop> loops_;
   size_t best_loop_ = 0;
   uint64_t sink_ = 0;
 };

@@ -1,34 +1,45 @@
-// The bandwidth probe's inner loops, per instruction set: each reads `bytes`
-// (a multiple of 512, from a 64-byte aligned `p`) as eight independent
-// 64-byte streams of loads into eight accumulators, the way a tuned
-// streaming kernel reads, and returns their sum (so the loads stay).
-//
-// The _l2_prefetch loops also ask for each line kProbePrefetchBytes ahead
-// into L2, as the decode tiles do. On some machines that reads more than
-// the plain loop: on a 2-core Intel Xeon VM (AVX-512, AMX), 1 GiB, 2
-// threads, medians of 2 x 8 passes, 35.9 GB/s against the plain loop's 31
-// (2 KB ahead 35.3, 4 KB 29.8, 8 KB 30.7; 1 thread 19.2 against 16.8):
-// there a core's demand misses alone keep fewer lines in flight than its
-// L2 prefetcher can. The probe takes the faster loop (memory_bandwidth.h).
+// The bandwidth probe's inner loops, per instruction set. Each reads `bytes`
+// (a multiple of 512, from a 64-byte aligned `p`) with eight independent
+// accumulators and returns their sum (so the loads stay), the way a tuned
+// streaming kernel reads; they differ in how they stream:
+//  - plain: one sequential stream of loads;
+//  - + L2 prefetch: the same, each line also asked for kProbePrefetchBytes
+//    ahead into L2, as a decode tile's one-stream tail does;
+//  - N streams + L2 prefetch: the bytes cut into N parts read side by side,
+//    each fetched kProbeStreamPrefetchBytes ahead into L2, as the decode
+//    tiles of several groups do (kBlockPanelDecodeGroups, kernels_avx512.cpp).
+// Which reads fastest depends on the machine, so the probe reads with each
+// and counts the fastest (memory_bandwidth.h). On a 2-core Intel Xeon VM
+// (AVX-512, AMX), 1 GiB, 2 threads, medians of 3 x 8 passes: plain 31.4,
+// + L2 prefetch 1 KB ahead 35.8 (2 KB 35.3, 4 KB 29.8, 8 KB 30.7), 2
+// streams 2 KB ahead 39.3, 4 streams 34.4 (1 KB ahead 34.2, 4 KB 32.7), 8
+// streams 33.0 GB/s: there a core's demand misses alone keep fewer lines in
+// flight than its L2 prefetcher can.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace tandem::kernels {
 
-uint64_t read_stream_scalar(const uint8_t* p, size_t bytes);
-uint64_t read_stream_avx2(const uint8_t* p, size_t bytes);
-uint64_t read_stream_avx512(const uint8_t* p, size_t bytes);
-uint64_t read_stream_avx2_l2_prefetch(const uint8_t* p, size_t bytes);
-uint64_t read_stream_avx512_l2_prefetch(const uint8_t* p, size_t bytes);
-
 constexpr size_t kProbePrefetchBytes = 1024;
+constexpr size_t kProbeStreamPrefetchBytes = 2048;
 
-// The line kProbePrefetchBytes past byte `offset` of p (it may lie past the
+// The line `ahead` bytes past byte `offset` of p (it may lie past the
 // buffer: formed as an integer, and a prefetch never faults).
-inline const char* probe_prefetch_address(const uint8_t* p, size_t offset) {
-  return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + offset + kProbePrefetchBytes);
+inline const char* probe_prefetch_address(const uint8_t* p, size_t offset, size_t ahead) {
+  return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + offset + ahead);
 }
+
+struct ReadLoop {
+  uint64_t (*read)(const uint8_t* p, size_t bytes);
+  const char* name;
+};
+
+uint64_t read_stream_scalar(const uint8_t* p, size_t bytes);
+// Every loop of the ISA, plain first (the CPU must support the ISA).
+std::span<const ReadLoop> read_loops_avx2();
+std::span<const ReadLoop> read_loops_avx512();
 
 }  // namespace tandem::kernels
