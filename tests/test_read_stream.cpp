@@ -24,10 +24,10 @@ TEST(ReadStream, EveryLoopSumsEveryByteAsTheScalarLoopDoes) {
   const uint64_t want = read_stream_scalar(buf, kBytes);
   EXPECT_NE(want, read_stream_scalar(buf, kBytes - 512)) << "the last 512 bytes count";
   if (isa_supported(Isa::kAvx2)) {
-    for (const ReadLoop& l : read_loops_avx2()) EXPECT_EQ(l.read(buf, kBytes), want) << l.name;
+    for (const ReadLoop& l : read_loops_avx2()) EXPECT_EQ(l.read(buf, kBytes), want) << l.name();
   }
   if (isa_supported(Isa::kAvx512)) {
-    for (const ReadLoop& l : read_loops_avx512()) EXPECT_EQ(l.read(buf, kBytes), want) << l.name;
+    for (const ReadLoop& l : read_loops_avx512()) EXPECT_EQ(l.read(buf, kBytes), want) << l.name();
   }
   std::free(buf);
 }
@@ -41,9 +41,9 @@ TEST(ReadStream, TheProbeReportsEveryPassAndItsSpread) {
   EXPECT_GT(b.worst_bps, 0);
   EXPECT_LE(b.worst_bps, b.median_bps);
   EXPECT_LE(b.median_bps, b.best_bps);
-  EXPECT_STRNE(b.loop, "");
+  EXPECT_FALSE(b.loop.empty());
   if (isa_supported(Isa::kAvx2)) {
-    EXPECT_NE(std::string(b.loop).find(isa_supported(Isa::kAvx512) ? "avx512" : "avx2"), std::string::npos) << b.loop;
+    EXPECT_NE(b.loop.find(isa_supported(Isa::kAvx512) ? "avx512" : "avx2"), std::string::npos) << b.loop;
   }
 }
 

@@ -121,7 +121,7 @@ void print_bandwidth(const kernels::ReadBandwidth& b, int threads) {
   std::printf("memory read bandwidth: best %.2f GB/s, median %.2f, worst %.2f over %zu passes of %.2f GiB (%s loop, %d "
               "threads)\n",
               b.best_bps / 1e9, b.median_bps / 1e9, b.worst_bps / 1e9, b.runs_bps.size(),
-              static_cast<double>(b.size_bytes) / (1 << 30), b.loop, threads);
+              static_cast<double>(b.size_bytes) / (1 << 30), b.loop.c_str(), threads);
 }
 
 void print_multiply_peak(const kernels::MultiplyPeak& m, int threads) {

@@ -44,7 +44,7 @@ ReadProbe::ReadProbe(ThreadPool& pool, size_t size_bytes)
     loops = read_loops_avx2();
   }
   for (const ReadLoop& l : loops) loops_.push_back({l});
-  if (loops_.empty()) loops_.push_back({{read_stream_scalar, "scalar"}});
+  if (loops_.empty()) loops_.push_back({{read_stream_scalar, "scalar", ""}});
   // Each thread touches (so faults in, on its own node) the slice it reads.
   pool_.run([&](int t, int) {
     uint8_t* p = buf_.data() + static_cast<size_t>(t) * slice_bytes_;

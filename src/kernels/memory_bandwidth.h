@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/read_stream.h"
@@ -21,7 +22,7 @@ struct ReadBandwidth {
   double worst_bps = 0;
   std::vector<double> runs_bps;  // in the order measured
   size_t size_bytes = 0;
-  const char* loop = "";  // which inner loop read (read_stream.h)
+  std::string loop;  // the inner loop that read fastest (read_stream.h)
 };
 
 // A buffer of about `size_bytes` (much larger than the caches; transparent
@@ -39,7 +40,7 @@ class ReadProbe {
   double pass_bps();
   size_t size_bytes() const { return buf_.size(); }
   // The loop that has read fastest so far.
-  const char* loop() const { return loops_[best_loop_].loop.name; }
+  std::string loop() const { return loops_[best_loop_].loop.name(); }
 
  private:
   struct Loop {

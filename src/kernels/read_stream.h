@@ -20,25 +20,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 namespace tandem::kernels {
 
 constexpr size_t kProbePrefetchBytes = 1024;
 constexpr size_t kProbeStreamPrefetchBytes = 2048;
 
-// The line `ahead` bytes past byte `offset` of p (it may lie past the
-// buffer: formed as an integer, and a prefetch never faults).
-inline const char* probe_prefetch_address(const uint8_t* p, size_t offset, size_t ahead) {
-  return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + offset + ahead);
-}
-
 struct ReadLoop {
   uint64_t (*read)(const uint8_t* p, size_t bytes);
-  const char* name;
+  const char* isa;      // "avx512", "avx2", "scalar"
+  const char* variant;  // how it streams ("" for plain)
+  std::string name() const { return std::string(isa) + variant; }
 };
 
 uint64_t read_stream_scalar(const uint8_t* p, size_t bytes);
-// Every loop of the ISA, plain first (the CPU must support the ISA).
+// Every loop of the ISA, plain first (the CPU must support the ISA;
+// read_stream_loops.h).
 std::span<const ReadLoop> read_loops_avx2();
 std::span<const ReadLoop> read_loops_avx512();
 
